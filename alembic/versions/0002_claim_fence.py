@@ -1,0 +1,74 @@
+"""ADR 0256: a Telegram attempt is fenced by a persisted claim.
+
+Adds claim_id (a fresh UUID per claim), exhausted_at and acknowledged_at (a durable exhaustion
+is an abandoned row with exhausted_at set until its exact acknowledgement), the index that pages
+unacknowledged exhaustions, and on PostgreSQL the ownership function for downstream services
+that share the database.
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-11-30
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import context, op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+UNACKNOWLEDGED = "exhausted_at IS NOT NULL AND acknowledged_at IS NULL"
+
+
+def _owns_function(table: str) -> str:
+    return "telegram_intake_owns" if table == "telegram_updates" else f"{table}_owns"
+
+
+def upgrade() -> None:
+    table = context.config.attributes["table"]
+    with op.batch_alter_table(table) as batch:
+        batch.add_column(sa.Column("claim_id", sa.Text(), nullable=True))
+        batch.add_column(sa.Column("exhausted_at", sa.BigInteger(), nullable=True))
+        batch.add_column(sa.Column("acknowledged_at", sa.BigInteger(), nullable=True))
+    op.create_index(
+        f"ix_{table}_unacknowledged",
+        table,
+        ["bot", "update_id"],
+        postgresql_where=sa.text(UNACKNOWLEDGED),
+        sqlite_where=sa.text(UNACKNOWLEDGED),
+    )
+    if op.get_bind().dialect.name == "postgresql":
+        # Lock first, then read the clock: time spent waiting for the lock counts against the
+        # lease. Live at exactly due_at, as in the store.
+        op.execute(
+            f"""
+            CREATE FUNCTION {_owns_function(table)}(
+                bot text, update_id bigint, attempt int, claim_id text
+            ) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+            DECLARE
+                lease bigint;
+            BEGIN
+                SELECT t.due_at INTO lease FROM {table} AS t
+                 WHERE t.bot = $1 AND t.update_id = $2 AND t.attempts = $3
+                   AND t.claim_id = $4 AND t.state = 'processing'
+                   FOR UPDATE;
+                RETURN FOUND
+                   AND lease >= (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+            END
+            $$
+            """
+        )
+
+
+def downgrade() -> None:
+    table = context.config.attributes["table"]
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(f"DROP FUNCTION {_owns_function(table)}(text, bigint, int, text)")
+    op.drop_index(f"ix_{table}_unacknowledged", table_name=table)
+    with op.batch_alter_table(table) as batch:
+        batch.drop_column("acknowledged_at")
+        batch.drop_column("exhausted_at")
+        batch.drop_column("claim_id")

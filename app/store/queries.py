@@ -1,0 +1,407 @@
+"""Every statement the store runs, one builder per store method, named after the method.
+
+Each state transition is one conditional statement: its WHERE clause is the whole rule, and
+nothing reads a row to decide how to write it. Builders take the table and the checked
+arguments and return a SQLAlchemy Core statement; the store only executes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Delete,
+    Select,
+    Table,
+    Text,
+    Update,
+    and_,
+    case,
+    delete,
+    exists,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    true,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.dml import ReturningInsert
+from sqlalchemy.sql.functions import FunctionElement
+
+from app.store.types import Abandoned, ClaimIdentity, Completed, Failed, Ordering, Settlement
+
+NON_TERMINAL = ("pending", "processing", "failed")
+SPENT_ERROR = "attempts spent"
+
+
+class new_claim_id(FunctionElement[str]):
+    """A fresh random UUID (version 4) string, evaluated per row by the database."""
+
+    type = Text()
+    inherit_cache = True
+
+
+@compiles(new_claim_id, "postgresql")
+def _claim_id_postgresql(element: new_claim_id, compiler: SQLCompiler, **kw: Any) -> str:
+    return "gen_random_uuid()::text"
+
+
+@compiles(new_claim_id, "sqlite")
+def _claim_id_sqlite(element: new_claim_id, compiler: SQLCompiler, **kw: Any) -> str:
+    # randomblob draws from SQLite's CSPRNG; the shape is a canonical version 4 UUID.
+    return (
+        "(lower(hex(randomblob(4))) || '-' || lower(hex(randomblob(2))) || '-4' || "
+        "substr(lower(hex(randomblob(2))), 2) || '-' || substr('89ab', 1 + (random() & 3), 1) || "
+        "substr(lower(hex(randomblob(2))), 2) || '-' || lower(hex(randomblob(6))))"
+    )
+
+
+# -- shared predicates -------------------------------------------------------------------------
+
+
+def _key(t: Table, bot: str, update_id: int) -> ColumnElement[bool]:
+    return and_(t.c.bot == bot, t.c.update_id == update_id)
+
+
+def _claimable(t: Table, now: int) -> ColumnElement[bool]:
+    # A lease is live at exactly due_at and lapsed after it; a failed row is due at due_at + 1.
+    return or_(
+        t.c.state == "pending",
+        and_(t.c.state.in_(("processing", "failed")), t.c.due_at < now),
+    )
+
+
+def _holds_lease(t: Table, bot: str, update_id: int, attempt: int, at: int) -> ColumnElement[bool]:
+    return and_(
+        _key(t, bot, update_id),
+        t.c.attempts == attempt,
+        t.c.state == "processing",
+        t.c.due_at >= at,
+    )
+
+
+def _identity(t: Table, identity: ClaimIdentity) -> ColumnElement[bool]:
+    """All four fields of the identity: neither a later attempt nor a recycled key matches."""
+    return and_(
+        _key(t, identity.bot, identity.update_id),
+        t.c.attempts == identity.attempt,
+        t.c.claim_id == identity.claim_id,
+    )
+
+
+def _owned(t: Table, identity: ClaimIdentity, at: int) -> ColumnElement[bool]:
+    """The exact live claim: the identity and an unexpired lease."""
+    return and_(_identity(t, identity), t.c.state == "processing", t.c.due_at >= at)
+
+
+def _claim_values(
+    t: Table, *, now: int, lease_until: int, max_attempts: int, fenced: bool, durable: bool
+) -> dict[str, Any]:
+    """SET clause of every claim: take the row, or end it when its attempts are spent.
+
+    A durable exhaustion keeps settled_at NULL, so prune cannot touch it before its
+    acknowledgement; it keeps the identity of its last attempt.
+    """
+    fresh = t.c.attempts < max_attempts
+    values: dict[str, Any] = {
+        "state": case((fresh, literal("processing")), else_=literal("abandoned")),
+        "attempts": case((fresh, t.c.attempts + 1), else_=t.c.attempts),
+        "due_at": case((fresh, lease_until), else_=now),
+        "settled_at": case((fresh, null()), else_=null() if durable else literal(now)),
+        "error": case((fresh, t.c.error), else_=literal(SPENT_ERROR)),
+    }
+    if fenced or durable:
+        taken = new_claim_id() if fenced else t.c.claim_id
+        spent = func.coalesce(t.c.claim_id, new_claim_id()) if durable else t.c.claim_id
+        values["claim_id"] = case((fresh, taken), else_=spent)
+    if durable:
+        values["exhausted_at"] = case((fresh, t.c.exhausted_at), else_=now)
+    return values
+
+
+def _settle_values(settlement: Settlement) -> dict[str, Any]:
+    # Terminal rows keep due_at == settled_at, so prune can range-scan the (state, due_at) index.
+    match settlement:
+        case Completed(at=at):
+            return {"state": "completed", "settled_at": at, "due_at": at, "error": None}
+        case Failed(at=_, retry_at=retry_at, error=error):
+            return {"state": "failed", "settled_at": None, "due_at": retry_at, "error": error}
+        case Abandoned(at=at, error=error):
+            return {"state": "abandoned", "settled_at": at, "due_at": at, "error": error}
+    raise TypeError(f"not a settlement: {settlement!r}")
+
+
+# -- base (revision 0001 columns only) ---------------------------------------------------------
+
+
+def add(t: Table, dialect: str) -> ReturningInsert[Any]:
+    """INSERT new keys, skip existing ones; RETURNING names the keys that were new."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(t).on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
+    return statement.returning(t.c.bot, t.c.update_id)
+
+
+def add_row(
+    *,
+    bot: str,
+    update_id: int,
+    body: str,
+    received_at: int,
+    update_type: str | None,
+    queue_key: str | None,
+) -> dict[str, Any]:
+    # A pending row's due_at is its received_at: `due` and the index rely on it.
+    return {
+        "bot": bot,
+        "update_id": update_id,
+        "body": body,
+        "update_type": update_type,
+        "queue_key": queue_key,
+        "state": "pending",
+        "attempts": 0,
+        "due_at": received_at,
+        "received_at": received_at,
+        "settled_at": None,
+        "error": None,
+    }
+
+
+def claim(
+    t: Table,
+    *,
+    bot: str,
+    update_id: int,
+    now: int,
+    lease_until: int,
+    max_attempts: int,
+    durable_exhaustion: bool,
+) -> Update:
+    values = _claim_values(
+        t,
+        now=now,
+        lease_until=lease_until,
+        max_attempts=max_attempts,
+        fenced=False,
+        durable=durable_exhaustion,
+    )
+    return (
+        update(t)
+        .where(_key(t, bot, update_id), _claimable(t, now))
+        .values(values)
+        .returning(t.c.state, t.c.attempts)
+    )
+
+
+def renew(
+    t: Table, *, bot: str, update_id: int, attempt: int, lease_until: int, now: int | None
+) -> Update:
+    live = t.c.due_at >= now if now is not None else true()
+    return _renew(t, and_(_key(t, bot, update_id), t.c.attempts == attempt, live), lease_until)
+
+
+def _renew(t: Table, rule: ColumnElement[bool], lease_until: int) -> Update:
+    # Never shortens: a smaller lease_until matches the row and leaves due_at as it is.
+    extended = case((t.c.due_at < lease_until, lease_until), else_=t.c.due_at)
+    return (
+        update(t)
+        .where(rule, t.c.state == "processing")
+        .values(due_at=extended)
+        .returning(t.c.due_at)
+    )
+
+
+def settle(t: Table, *, bot: str, update_id: int, attempt: int, settlement: Settlement) -> Update:
+    return (
+        update(t)
+        .where(_holds_lease(t, bot, update_id, attempt, settlement.at))
+        .values(_settle_values(settlement))
+        .returning(t.c.state)
+    )
+
+
+def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
+    # due_at stands for received_at on pending rows, so both branches use (state, due_at).
+    return (
+        select(t.c.bot, t.c.update_id, t.c.body)
+        .where(
+            or_(
+                and_(t.c.state == "pending", t.c.due_at <= pending_before),
+                and_(t.c.state.in_(("processing", "failed")), t.c.due_at < now),
+            )
+        )
+        .order_by(t.c.bot, t.c.update_id)
+        .limit(limit)
+    )
+
+
+def prune(t: Table, *, before: int) -> Delete:
+    # The rule is settled_at < before; due_at == settled_at on terminal rows lets the
+    # (state, due_at) index bound the scan. Exhaustions keep settled_at NULL until acknowledged.
+    return delete(t).where(
+        t.c.state.in_(("completed", "abandoned")),
+        t.c.due_at < before,
+        t.c.settled_at < before,
+    )
+
+
+# -- fenced (revision 0002) --------------------------------------------------------------------
+
+
+def claim_owned(
+    t: Table,
+    *,
+    bot: str,
+    update_id: int,
+    now: int,
+    lease_until: int,
+    max_attempts: int,
+    durable_exhaustion: bool,
+) -> Update:
+    values = _claim_values(
+        t,
+        now=now,
+        lease_until=lease_until,
+        max_attempts=max_attempts,
+        fenced=True,
+        durable=durable_exhaustion,
+    )
+    return (
+        update(t)
+        .where(_key(t, bot, update_id), _claimable(t, now))
+        .values(values)
+        .returning(t.c.state, t.c.attempts, t.c.claim_id)
+    )
+
+
+def claim_next_owned(
+    t: Table,
+    *,
+    now: int,
+    lease_until: int,
+    max_attempts: int,
+    limit: int,
+    ordering: Ordering,
+    bots: Sequence[str] | None,
+    durable_exhaustion: bool,
+) -> Update:
+    """Take up to `limit` due rows in one statement, oldest due first.
+
+    Rows another transaction has locked are skipped (SKIP LOCKED on PostgreSQL; SQLite
+    serialises writers). With chat ordering a row is eligible only when no older row of its
+    (bot, queue_key) is still pending, processing or failed.
+    """
+    candidates = select(t.c.bot, t.c.update_id).where(_claimable(t, now))
+    if bots is not None:
+        candidates = candidates.where(t.c.bot.in_(list(bots)))
+    if ordering == "chat":
+        older = t.alias("older")
+        candidates = candidates.where(
+            or_(
+                t.c.queue_key.is_(None),
+                ~exists().where(
+                    older.c.bot == t.c.bot,
+                    older.c.queue_key == t.c.queue_key,
+                    older.c.update_id < t.c.update_id,
+                    older.c.state.in_(NON_TERMINAL),
+                ),
+            )
+        )
+    candidates = (
+        candidates.order_by(t.c.due_at, t.c.bot, t.c.update_id)
+        .limit(limit)
+        .with_for_update(skip_locked=True, of=t)
+    )
+    values = _claim_values(
+        t,
+        now=now,
+        lease_until=lease_until,
+        max_attempts=max_attempts,
+        fenced=True,
+        durable=durable_exhaustion,
+    )
+    return (
+        update(t)
+        .where(tuple_(t.c.bot, t.c.update_id).in_(candidates))
+        .values(values)
+        .returning(
+            t.c.state,
+            t.c.bot,
+            t.c.update_id,
+            t.c.attempts,
+            t.c.claim_id,
+            t.c.body,
+            t.c.update_type,
+            t.c.queue_key,
+            t.c.received_at,
+        )
+    )
+
+
+def renew_owned(t: Table, *, identity: ClaimIdentity, lease_until: int, now: int | None) -> Update:
+    live = t.c.due_at >= now if now is not None else true()
+    return _renew(t, and_(_identity(t, identity), live), lease_until)
+
+
+def owns(t: Table, *, identity: ClaimIdentity, at: int, lock: bool) -> Select[Any]:
+    """The lease of the exact live claim; FOR UPDATE holds the row for the caller's transaction."""
+    statement = select(t.c.due_at).where(_owned(t, identity, at))
+    return statement.with_for_update() if lock else statement
+
+
+def settle_owned(t: Table, *, identity: ClaimIdentity, settlement: Settlement) -> Update:
+    return (
+        update(t)
+        .where(_owned(t, identity, settlement.at))
+        .values(_settle_values(settlement))
+        .returning(t.c.state)
+    )
+
+
+# -- durable (revision 0002) -------------------------------------------------------------------
+
+
+def _unacknowledged(t: Table) -> ColumnElement[bool]:
+    # Matches the predicate of the partial exhaustion index.
+    return and_(
+        t.c.state == "abandoned", t.c.exhausted_at.is_not(None), t.c.acknowledged_at.is_(None)
+    )
+
+
+def exhaust(t: Table, *, identity: ClaimIdentity, at: int, error: str) -> Update:
+    return (
+        update(t)
+        .where(_owned(t, identity, at))
+        .values(state="abandoned", exhausted_at=at, due_at=at, settled_at=None, error=error)
+        .returning(t.c.state)
+    )
+
+
+def due_exhaustions(
+    t: Table, *, limit: int, after: tuple[str, int] | None, bots: Sequence[str] | None
+) -> Select[Any]:
+    statement = select(
+        t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.body, t.c.error, t.c.exhausted_at
+    ).where(_unacknowledged(t))
+    if after is not None:
+        statement = statement.where(tuple_(t.c.bot, t.c.update_id) > tuple_(*after))
+    if bots is not None:
+        statement = statement.where(t.c.bot.in_(list(bots)))
+    return statement.order_by(t.c.bot, t.c.update_id).limit(limit)
+
+
+def acknowledge_exhaustion(t: Table, *, identity: ClaimIdentity, at: int) -> Update:
+    # The acknowledgement time becomes settled_at: from now on prune may take the row.
+    return (
+        update(t)
+        .where(_identity(t, identity), _unacknowledged(t))
+        .values(acknowledged_at=at, settled_at=at, due_at=at)
+        .returning(t.c.state)
+    )

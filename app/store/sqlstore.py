@@ -1,0 +1,445 @@
+"""The store over SQLAlchemy Core, written once for SQLite and PostgreSQL.
+
+Statements come from `app.store.queries`; this module checks arguments, runs each statement in
+the right kind of transaction and maps rows to the types of `app.store.types`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import Table, inspect
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.store import queries, validate
+from app.store.engine import SQLITE_BEGIN, create_store_engine, translated_errors
+from app.store.errors import UPGRADE_HINT, SchemaError
+from app.store.schema import DEFAULT_TABLE, make_table
+from app.store.types import (
+    Abandoned,
+    Capability,
+    Claimed,
+    ClaimIdentity,
+    Completed,
+    DueUpdate,
+    Exhaustion,
+    Failed,
+    NewUpdate,
+    Ordering,
+    Settlement,
+)
+
+_LEVELS: dict[Capability, int] = {"base": 0, "fenced": 1, "durable": 2}
+_BASE_COLUMNS = frozenset(make_table(revision="0001").c.keys())
+
+
+def _capability_of(columns: set[str]) -> Capability:
+    if {"claim_id", "exhausted_at", "acknowledged_at"} <= columns:
+        return "durable"
+    return "fenced" if "claim_id" in columns else "base"
+
+
+def _inspect_columns(connection: Connection, table: str) -> set[str]:
+    inspector = inspect(connection)
+    if not inspector.has_table(table):
+        raise SchemaError(f"table {table!r} does not exist; {UPGRADE_HINT}")
+    columns = {column["name"] for column in inspector.get_columns(table)}
+    missing = _BASE_COLUMNS - columns
+    if missing:
+        raise SchemaError(f"table {table!r} lacks {sorted(missing)}; {UPGRADE_HINT}")
+    return columns
+
+
+def _settlement(value: Settlement) -> Settlement:
+    if not isinstance(value, Completed | Failed | Abandoned):
+        raise ValueError(f"settlement {value!r} is not Completed, Failed or Abandoned")
+    return value
+
+
+def _identity(value: ClaimIdentity) -> ClaimIdentity:
+    if not isinstance(value, ClaimIdentity):
+        raise ValueError(f"identity {value!r} is not a ClaimIdentity")
+    return value
+
+
+def _lease(now: int, lease_until: int) -> tuple[int, int]:
+    validate.millis("now", now)
+    validate.millis("lease_until", lease_until)
+    if lease_until <= now:
+        raise ValueError(f"lease_until {lease_until} is not after now {now}: a lease is positive")
+    return now, lease_until
+
+
+def _bots(bots: Sequence[str] | None) -> list[str] | None:
+    if bots is None:
+        return None
+    if isinstance(bots, str):
+        raise ValueError(f"bots {bots!r} must be a sequence of bot names, not one string")
+    return [validate.bot_name(bot) for bot in bots]
+
+
+class SqlUpdateStore:
+    """A durable store on SQLite or PostgreSQL; `capability` follows the live schema."""
+
+    def __init__(self, engine: AsyncEngine, table: str, capability: Capability) -> None:
+        self.engine = engine
+        self.table: Table = make_table(table, revision="0002" if capability != "base" else "0001")
+        self._capability: Capability = capability
+        self._dialect = engine.dialect.name
+        self._sqlite = self._dialect == "sqlite"
+        # SQLite has one writer at a time; queueing ours here beats spinning in busy_timeout.
+        self._write_lock: AbstractAsyncContextManager[Any] = (
+            asyncio.Lock() if self._sqlite else nullcontext()
+        )
+        # PostgreSQL: one statement is its own transaction; no BEGIN/COMMIT round trips.
+        if self._sqlite:
+            self._single = engine
+            self._reader = engine.execution_options(**{SQLITE_BEGIN: "DEFERRED"})
+        else:
+            # One statement is its own transaction: no BEGIN and COMMIT round trips.
+            self._single = self._reader = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    @property
+    def capability(self) -> Capability:
+        return self._capability
+
+    @property
+    def dialect(self) -> str:
+        return self._dialect
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def refresh_capability(self) -> Capability:
+        """Read the live schema again (after `alembic upgrade head` on a running service)."""
+        self._capability = await read_capability(self.engine, self.table.name)
+        self.table = make_table(self.table.name, "0002" if self._capability != "base" else "0001")
+        return self._capability
+
+    def require(self, level: Capability, feature: str) -> None:
+        """Stop with SchemaError when the live schema is below `level`."""
+        if _LEVELS[self._capability] < _LEVELS[level]:
+            raise SchemaError(
+                f"{feature} needs a {level} store but table {self.table.name!r} is at "
+                f"revision 0001 ({self._capability}); {UPGRADE_HINT}"
+            )
+
+    # -- transactions --------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        with translated_errors(self.table.name):
+            async with self._write_lock, self._single.begin() as connection:
+                yield connection
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        with translated_errors(self.table.name):
+            async with self._reader.connect() as connection:
+                yield connection
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction for the caller's own statements in this database, committed on
+        exit. Pass it to `owns(..., connection=)` to make the check and a domain write atomic;
+        on SQLite it holds the write lock from its start."""
+        with translated_errors(self.table.name):
+            async with self._write_lock, self.engine.begin() as connection:
+                yield connection
+
+    # -- base ----------------------------------------------------------------------------------
+
+    async def add(
+        self,
+        bot: str,
+        update_id: int,
+        body: str,
+        received_at: int,
+        *,
+        update_type: str | None = None,
+        queue_key: str | None = None,
+    ) -> bool:
+        row = NewUpdate(bot, update_id, body, received_at, update_type, queue_key)
+        return bool(await self.add_many([row]))
+
+    async def add_many(self, rows: Sequence[NewUpdate]) -> set[tuple[str, int]]:
+        """Record many updates in one statement and one commit; the keys that were new."""
+        for row in rows:
+            if not isinstance(row, NewUpdate):
+                raise ValueError(f"row {row!r} is not a NewUpdate")
+        if not rows:
+            return set()
+        params = [
+            queries.add_row(
+                bot=row.bot,
+                update_id=row.update_id,
+                body=row.body,
+                received_at=row.received_at,
+                update_type=row.update_type,
+                queue_key=row.queue_key,
+            )
+            for row in rows
+        ]
+        statement = queries.add(self.table, self._dialect)
+        async with self._write() as connection:
+            result = await connection.execute(statement, params if len(params) > 1 else params[0])
+            return {(bot, update_id) for bot, update_id in result.all()}
+
+    async def claim(
+        self,
+        bot: str,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> int | None:
+        if durable_exhaustion:
+            self.require("durable", "claim(durable_exhaustion=True)")
+        now, lease_until = _lease(now, lease_until)
+        statement = queries.claim(
+            self.table,
+            bot=validate.bot_name(bot),
+            update_id=validate.update_id(update_id),
+            now=now,
+            lease_until=lease_until,
+            max_attempts=validate.positive("max_attempts", max_attempts),
+            durable_exhaustion=durable_exhaustion,
+        )
+        async with self._write() as connection:
+            row = (await connection.execute(statement)).first()
+        return int(row.attempts) if row is not None and row.state == "processing" else None
+
+    async def renew(
+        self, bot: str, update_id: int, attempt: int, lease_until: int, now: int | None = None
+    ) -> bool:
+        statement = queries.renew(
+            self.table,
+            bot=validate.bot_name(bot),
+            update_id=validate.update_id(update_id),
+            attempt=validate.positive("attempt", attempt),
+            lease_until=validate.millis("lease_until", lease_until),
+            now=None if now is None else validate.millis("now", now),
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+    async def settle(self, bot: str, update_id: int, attempt: int, settlement: Settlement) -> None:
+        statement = queries.settle(
+            self.table,
+            bot=validate.bot_name(bot),
+            update_id=validate.update_id(update_id),
+            attempt=validate.positive("attempt", attempt),
+            settlement=_settlement(settlement),
+        )
+        async with self._write() as connection:
+            await connection.execute(statement)
+
+    async def due(self, *, now: int, pending_before: int, limit: int) -> list[DueUpdate]:
+        statement = queries.due(
+            self.table,
+            now=validate.millis("now", now),
+            pending_before=validate.millis("pending_before", pending_before),
+            limit=validate.positive("limit", limit),
+        )
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [DueUpdate(row.bot, row.update_id, row.body) for row in rows]
+
+    async def prune(self, before: int) -> int:
+        statement = queries.prune(self.table, before=validate.millis("before", before))
+        async with self._write() as connection:
+            return (await connection.execute(statement)).rowcount
+
+    # -- fenced --------------------------------------------------------------------------------
+
+    async def claim_owned(
+        self,
+        bot: str,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> ClaimIdentity | None:
+        self.require("durable" if durable_exhaustion else "fenced", "claim_owned")
+        now, lease_until = _lease(now, lease_until)
+        statement = queries.claim_owned(
+            self.table,
+            bot=validate.bot_name(bot),
+            update_id=validate.update_id(update_id),
+            now=now,
+            lease_until=lease_until,
+            max_attempts=validate.positive("max_attempts", max_attempts),
+            durable_exhaustion=durable_exhaustion,
+        )
+        async with self._write() as connection:
+            row = (await connection.execute(statement)).first()
+        if row is None or row.state != "processing":
+            return None
+        return ClaimIdentity(bot, update_id, row.attempts, row.claim_id)
+
+    async def claim_next_owned(
+        self,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        limit: int,
+        ordering: Ordering = "chat",
+        bots: Sequence[str] | None = None,
+        durable_exhaustion: bool = False,
+    ) -> list[Claimed]:
+        self.require("durable" if durable_exhaustion else "fenced", "claim_next_owned")
+        now, lease_until = _lease(now, lease_until)
+        if ordering not in ("chat", "none"):
+            raise ValueError(f"ordering {ordering!r} is not 'chat' or 'none'")
+        names = _bots(bots)
+        if names == []:
+            return []
+        statement = queries.claim_next_owned(
+            self.table,
+            now=now,
+            lease_until=lease_until,
+            max_attempts=validate.positive("max_attempts", max_attempts),
+            limit=validate.positive("limit", limit),
+            ordering=ordering,
+            bots=names,
+            durable_exhaustion=durable_exhaustion,
+        )
+        async with self._write() as connection:
+            rows = (await connection.execute(statement)).all()
+        claimed = [
+            Claimed(
+                identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
+                body=row.body,
+                update_type=row.update_type,
+                queue_key=row.queue_key,
+                received_at=row.received_at,
+            )
+            for row in rows
+            if row.state == "processing"
+        ]
+        claimed.sort(key=lambda c: (c.identity.bot, c.identity.update_id))
+        return claimed
+
+    async def renew_owned(
+        self, identity: ClaimIdentity, lease_until: int, now: int | None = None
+    ) -> bool:
+        self.require("fenced", "renew_owned")
+        statement = queries.renew_owned(
+            self.table,
+            identity=_identity(identity),
+            lease_until=validate.millis("lease_until", lease_until),
+            now=None if now is None else validate.millis("now", now),
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+    async def owns(
+        self, identity: ClaimIdentity, at: int, *, connection: AsyncConnection | None = None
+    ) -> bool:
+        return await self.owned_lease(identity, at, connection=connection) is not None
+
+    async def owned_lease(
+        self, identity: ClaimIdentity, at: int, *, connection: AsyncConnection | None = None
+    ) -> int | None:
+        """`owns`, answering with the lease's expiry (epoch ms) instead of True."""
+        self.require("fenced", "owns")
+        statement = queries.owns(
+            self.table, identity=_identity(identity), at=validate.millis("at", at), lock=True
+        )
+        if connection is not None:
+            with translated_errors(self.table.name):
+                row = (await connection.execute(statement)).first()
+        else:
+            async with self._read() as own:
+                row = (await own.execute(statement)).first()
+        return None if row is None else int(row.due_at)
+
+    async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
+        self.require("fenced", "settle_owned")
+        statement = queries.settle_owned(
+            self.table, identity=_identity(identity), settlement=_settlement(settlement)
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+    # -- durable -------------------------------------------------------------------------------
+
+    async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
+        self.require("durable", "exhaust")
+        statement = queries.exhaust(
+            self.table,
+            identity=_identity(identity),
+            at=validate.millis("at", at),
+            error=validate.text("error", error),
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+    async def due_exhaustions(
+        self,
+        *,
+        limit: int,
+        after: tuple[str, int] | None = None,
+        bots: Sequence[str] | None = None,
+    ) -> list[Exhaustion]:
+        self.require("durable", "due_exhaustions")
+        if after is not None:
+            if not isinstance(after, tuple) or len(after) != 2:
+                raise ValueError(f"after {after!r} is not a (bot, update_id) cursor")
+            after = (validate.bot_name(after[0]), validate.update_id(after[1]))
+        names = _bots(bots)
+        if names == []:
+            return []
+        statement = queries.due_exhaustions(
+            self.table, limit=validate.positive("limit", limit), after=after, bots=names
+        )
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [
+            Exhaustion(
+                identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
+                body=row.body,
+                error=row.error,
+                exhausted_at=row.exhausted_at,
+            )
+            for row in rows
+        ]
+
+    async def acknowledge_exhaustion(self, identity: ClaimIdentity, at: int) -> bool:
+        self.require("durable", "acknowledge_exhaustion")
+        statement = queries.acknowledge_exhaustion(
+            self.table, identity=_identity(identity), at=validate.millis("at", at)
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+
+async def read_capability(engine: AsyncEngine, table: str) -> Capability:
+    """The highest level the live table serves; SchemaError when it is missing or incomplete."""
+    with translated_errors(table):
+        async with engine.connect() as connection:
+            columns = await connection.run_sync(_inspect_columns, table)
+    return _capability_of(columns)
+
+
+async def open_store(
+    url: str, *, table: str = DEFAULT_TABLE, pool_size: int = 10
+) -> SqlUpdateStore:
+    """Open a store on a migrated database; `capability` is read from the live schema."""
+    validate.table_name(table)
+    engine = create_store_engine(url, pool_size=pool_size)
+    try:
+        capability = await read_capability(engine, table)
+    except BaseException:
+        await engine.dispose()
+        raise
+    return SqlUpdateStore(engine, table, capability)
