@@ -62,9 +62,11 @@ class UpdateStore(Protocol):
         max_attempts: int,
         durable_exhaustion: bool = False,
     ) -> int | None:
-        """Lease a claimable row (pending, or failed/processing with `due_at < now`) until
-        `lease_until` and return the new attempt number. None when the row is absent, leased,
-        settled, or its attempts are spent; a spent row becomes `abandoned` with error
+        """Lease a claimable row until `lease_until`; the new attempt number.
+
+        Claimable: pending; failed with `due_at <= now` (a retry is due at its time); processing
+        with `due_at < now` (a lease is live at exactly `due_at`). None when the row is absent,
+        leased, settled, or its attempts are spent; a spent row becomes `abandoned` with error
         'attempts spent' (an unacknowledged exhaustion with `durable_exhaustion`)."""
         ...
 

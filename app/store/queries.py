@@ -71,12 +71,16 @@ def _key(t: Table, bot: str, update_id: int) -> ColumnElement[bool]:
     return and_(t.c.bot == bot, t.c.update_id == update_id)
 
 
-def _claimable(t: Table, now: int) -> ColumnElement[bool]:
-    # A lease is live at exactly due_at and lapsed after it; a failed row is due at due_at + 1.
+def _lapsed_or_due(t: Table, now: int) -> ColumnElement[bool]:
+    # A lease is live at exactly due_at and lapsed after it; a retry is due at exactly due_at.
     return or_(
-        t.c.state == "pending",
-        and_(t.c.state.in_(("processing", "failed")), t.c.due_at < now),
+        and_(t.c.state == "processing", t.c.due_at < now),
+        and_(t.c.state == "failed", t.c.due_at <= now),
     )
+
+
+def _claimable(t: Table, now: int) -> ColumnElement[bool]:
+    return or_(t.c.state == "pending", _lapsed_or_due(t, now))
 
 
 def _holds_lease(t: Table, bot: str, update_id: int, attempt: int, at: int) -> ColumnElement[bool]:
@@ -115,7 +119,7 @@ def _claim_values(
         "state": case((fresh, literal("processing")), else_=literal("abandoned")),
         "attempts": case((fresh, t.c.attempts + 1), else_=t.c.attempts),
         "due_at": case((fresh, lease_until), else_=now),
-        "settled_at": case((fresh, null()), else_=null() if durable else literal(now)),
+        "settled_at": None if durable else case((fresh, null()), else_=now),
         "error": case((fresh, t.c.error), else_=literal(SPENT_ERROR)),
     }
     if fenced or durable:
@@ -234,7 +238,7 @@ def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
         .where(
             or_(
                 and_(t.c.state == "pending", t.c.due_at <= pending_before),
-                and_(t.c.state.in_(("processing", "failed")), t.c.due_at < now),
+                _lapsed_or_due(t, now),
             )
         )
         .order_by(t.c.bot, t.c.update_id)

@@ -1,0 +1,96 @@
+"""Fixtures shared by every test: real databases, each test on fresh, isolated storage.
+
+PostgreSQL is the server at INTAKE_TEST_POSTGRES_URL (default: the machine's, on
+127.0.0.1:5432). Each store gets its own schema, dropped when the test ends. An unreachable
+server fails the PostgreSQL tests; it never skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from app.store.migrate import upgrade
+
+POSTGRES_URL = os.environ.get(
+    "INTAKE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+BACKENDS = ("sqlite", "postgresql")
+
+FreshUrl = Callable[..., str]
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_admin() -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    try:
+        connection = psycopg.connect(_libpq(POSTGRES_URL), autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as error:
+        pytest.fail(
+            f"PostgreSQL at {POSTGRES_URL} is unreachable ({error}); start it "
+            "(`pg_ctlcluster <version> main start`) or set INTAKE_TEST_POSTGRES_URL",
+            pytrace=False,
+        )
+    yield connection
+    connection.close()
+
+
+class Storage:
+    """Makes fresh, empty databases of one backend, migrated to a chosen revision."""
+
+    def __init__(self, backend: str, tmp_path: Path, admin: psycopg.Connection | None) -> None:
+        self.backend = backend
+        self._tmp = tmp_path
+        self._admin = admin
+        self._schemas: list[str] = []
+
+    def url(self, revision: str | None = "head") -> str:
+        """A URL to fresh storage; `revision=None` leaves it empty (no table at all)."""
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        if self.backend == "sqlite":
+            url = f"sqlite+aiosqlite:///{self._tmp / name}.db"
+        else:
+            assert self._admin is not None
+            self._admin.execute(f"CREATE SCHEMA {name}")
+            self._schemas.append(name)
+            base = make_url(POSTGRES_URL).set(drivername="postgresql+psycopg")
+            url = base.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(
+                hide_password=False
+            )
+        if revision is not None:
+            upgrade(url, revision)
+        return url
+
+    def drop(self) -> None:
+        for name in self._schemas:
+            assert self._admin is not None
+            self._admin.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def storage(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Storage]:
+    admin = request.getfixturevalue("postgres_admin") if backend == "postgresql" else None
+    made = Storage(backend, tmp_path, admin)
+    yield made
+    made.drop()
+
+
+@pytest.fixture
+def postgres_storage(tmp_path: Path, postgres_admin: psycopg.Connection) -> Iterator[Storage]:
+    made = Storage("postgresql", tmp_path, postgres_admin)
+    yield made
+    made.drop()

@@ -1,0 +1,119 @@
+"""Deliberately broken stores: each breaks one rule, and the conformance check must name it.
+
+They are the controls that prove the check can fail. Each subclasses the real store and
+replaces exactly one method with a plausible wrong version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy import select, update
+
+from app.store import ClaimIdentity, Settlement, SqlUpdateStore, queries
+
+
+class RenewIgnoresClaimId(SqlUpdateStore):
+    async def renew_owned(
+        self, identity: ClaimIdentity, lease_until: int, now: int | None = None
+    ) -> bool:
+        bot, update_id, attempt = identity.bot, identity.update_id, identity.attempt
+        return await self.renew(bot, update_id, attempt, lease_until, now)
+
+
+class SettleOwnedIgnoresClaimId(SqlUpdateStore):
+    async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
+        statement = queries.settle(
+            self.table,
+            bot=identity.bot,
+            update_id=identity.update_id,
+            attempt=identity.attempt,
+            settlement=settlement,
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+
+class ExhaustIgnoresClaimId(SqlUpdateStore):
+    async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
+        t = self.table
+        statement = (
+            update(t)
+            .where(
+                t.c.bot == identity.bot,
+                t.c.update_id == identity.update_id,
+                t.c.attempts == identity.attempt,
+                t.c.state == "processing",
+                t.c.due_at >= at,
+            )
+            .values(state="abandoned", exhausted_at=at, settled_at=None, error=error)
+            .returning(t.c.state)
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+
+class AcknowledgeIgnoresClaimId(SqlUpdateStore):
+    async def acknowledge_exhaustion(self, identity: ClaimIdentity, at: int) -> bool:
+        t = self.table
+        statement = (
+            update(t)
+            .where(
+                t.c.bot == identity.bot,
+                t.c.update_id == identity.update_id,
+                t.c.attempts == identity.attempt,
+                t.c.exhausted_at.is_not(None),
+                t.c.acknowledged_at.is_(None),
+            )
+            .values(acknowledged_at=at, settled_at=at, due_at=at)
+            .returning(t.c.state)
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+
+class ClaimReadsThenWrites(SqlUpdateStore):
+    """Decides in Python from a read, then writes unconditionally: the classic lost race."""
+
+    async def claim(
+        self,
+        bot: str,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> int | None:
+        t = self.table
+        read = select(t.c.state, t.c.attempts, t.c.due_at).where(
+            t.c.bot == bot, t.c.update_id == update_id
+        )
+        async with self._read() as connection:
+            row = (await connection.execute(read)).first()
+        if row is None or row.attempts >= max_attempts:
+            return None
+        if row.state not in ("pending", "failed") and not (
+            row.state == "processing" and row.due_at < now
+        ):
+            return None
+        await asyncio.sleep(0.01)  # any await between the read and the write opens the race
+        write = (
+            update(t)
+            .where(t.c.bot == bot, t.c.update_id == update_id)
+            .values(state="processing", attempts=row.attempts + 1, due_at=lease_until)
+        )
+        async with self._write() as connection:
+            await connection.execute(write)
+        return int(row.attempts) + 1
+
+
+CONTROLS: dict[type[SqlUpdateStore], str] = {
+    RenewIgnoresClaimId: "an attempt fence expires and never adopts a later claim",
+    SettleOwnedIgnoresClaimId: "an attempt fence expires and never adopts a later claim",
+    ExhaustIgnoresClaimId: "exhaust takes only the exact live claim and keeps its error",
+    AcknowledgeIgnoresClaimId: (
+        "durable exhaustion survives owner loss until its exact acknowledgement"
+    ),
+    ClaimReadsThenWrites: "of 8 concurrent claims exactly one takes the update",
+}
