@@ -90,6 +90,11 @@ def storage(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Ite
 
 
 @pytest.fixture
+def sqlite_storage(tmp_path: Path) -> Storage:
+    return Storage("sqlite", tmp_path, None)
+
+
+@pytest.fixture
 def postgres_storage(tmp_path: Path, postgres_admin: psycopg.Connection) -> Iterator[Storage]:
     made = Storage("postgresql", tmp_path, postgres_admin)
     yield made

@@ -28,6 +28,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -232,18 +233,17 @@ def settle(t: Table, *, bot: str, update_id: int, attempt: int, settlement: Sett
 
 
 def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
-    # due_at stands for received_at on pending rows, so both branches use (state, due_at).
-    return (
-        select(t.c.bot, t.c.update_id, t.c.body)
-        .where(
-            or_(
-                and_(t.c.state == "pending", t.c.due_at <= pending_before),
-                _lapsed_or_due(t, now),
-            )
-        )
-        .order_by(t.c.bot, t.c.update_id)
-        .limit(limit)
-    )
+    # One indexed range per state, then key order: a single OR invites SQLite to walk the
+    # primary key in order over every retained row. A pending row's due_at is its received_at.
+    branches = [
+        and_(t.c.state == "pending", t.c.due_at <= pending_before),
+        and_(t.c.state == "processing", t.c.due_at < now),
+        and_(t.c.state == "failed", t.c.due_at <= now),
+    ]
+    rows = union_all(
+        *(select(t.c.bot, t.c.update_id, t.c.body).where(branch) for branch in branches)
+    ).subquery("due")
+    return select(rows).order_by(rows.c.bot, rows.c.update_id).limit(limit)
 
 
 def prune(t: Table, *, before: int) -> Delete:

@@ -1,0 +1,363 @@
+"""Alembic migrations on both backends: the schema they build, the rows they keep, the way
+back, the fence on an old table, the command line, and processes that migrate at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, inspect, text
+
+from app.store import ClaimIdentity, Completed, DueUpdate, SchemaError, SqlUpdateStore, open_store
+from app.store.engine import create_sync_engine
+from app.store.migrate import current_revision, downgrade, upgrade
+from app.store.schema import DEFAULT_TABLE, make_metadata, owns_function_name, version_table_name
+from tests.conftest import Storage
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = DEFAULT_TABLE
+BASE_COLUMNS = tuple(make_metadata(revision="0001").tables[TABLE].c.keys())
+NEW_COLUMNS = ("claim_id", "exhausted_at", "acknowledged_at")
+NOW = 1_800_000_000_000
+LEASE = {"now": NOW, "lease_until": NOW + 30_000, "max_attempts": 3}
+TOP = 2**63 - 1
+BODY = '{"text": "Привет, 世界 👋🏽 naïve e\u0301 שלום \\"q\\" \'s\'\n\t\\\\"}'
+# One row per state; within each column every value differs (NULLs only where the state needs).
+ROWS = [
+    dict(zip(BASE_COLUMNS, values, strict=True))
+    for values in [
+        ("bot-a", TOP, BODY, "message", "chat:-1001", "pending", 0, NOW - 1, NOW - 1, None, None),
+        ("bot-b", 1, "é" * 50_000, None, "chat:7", "processing", 1, NOW + 9, NOW - 2, None, "502"),
+        ("bot-c", 2**31, "{}", "edited", None, "completed", 2, NOW - 3, NOW - 30, NOW - 3, None),
+        ("bot-d", 0, "🚀", "callback", "", "failed", 3, NOW + 60_000, NOW - 40, None, "Ошибка"),
+        (
+            "bot-e",
+            TOP - 1,
+            " ",
+            "post",
+            "chat:🚀",
+            "abandoned",
+            5,
+            NOW - 50,
+            NOW - 70,
+            NOW - 50,
+            "x",
+        ),
+    ]
+]
+
+
+@contextmanager
+def _connect(url: str) -> Iterator[Connection]:
+    """A synchronous connection in one committed transaction, as Alembic's own."""
+    engine = create_sync_engine(url)
+    try:
+        with engine.connect() as connection, connection.begin():
+            yield connection
+    finally:
+        engine.dispose()
+
+
+@asynccontextmanager
+async def _opened(url: str) -> AsyncIterator[SqlUpdateStore]:
+    store = await open_store(url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _insert(url: str, rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        names = ", ".join(row)
+        values = ", ".join(f":{name}" for name in row)
+        with _connect(url) as connection:
+            connection.execute(text(f"INSERT INTO {TABLE} ({names}) VALUES ({values})"), row)
+
+
+def _rows(url: str, columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    query = f"SELECT {', '.join(columns)} FROM {TABLE} ORDER BY bot, update_id"
+    with _connect(url) as connection:
+        return [tuple(row) for row in connection.execute(text(query))]
+
+
+def _as_tuples(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [tuple(row[name] for name in BASE_COLUMNS) for row in rows]
+
+
+def _columns(url: str) -> set[str] | None:
+    with _connect(url) as connection:
+        inspector = inspect(connection)
+        if not inspector.has_table(TABLE):
+            return None
+        return {column["name"] for column in inspector.get_columns(TABLE)}
+
+
+def _autogenerate_diff(url: str, revision: str) -> list[Any]:
+    # compare_type and compare_server_default are on: a BIGINT that came out INTEGER, or a
+    # default the migration added but the metadata lacks, counts as a difference.
+    opts = {
+        "version_table": version_table_name(TABLE),
+        "compare_type": True,
+        "compare_server_default": True,
+    }
+    with _connect(url) as connection:
+        context = MigrationContext.configure(connection, opts=opts)
+        return list(compare_metadata(context, make_metadata(TABLE, revision)))
+
+
+def _indexes_and_checks(url: str) -> tuple[list[Any], list[Any]]:
+    """What autogenerate does not compare: partial-index predicates and CHECK constraints."""
+    with _connect(url) as connection:
+        inspector = inspect(connection)
+        indexes = [
+            (ix["name"], ix["column_names"], bool(ix["unique"]), str(where))
+            for ix in inspector.get_indexes(TABLE)
+            for where in [ix.get("dialect_options", {}).get(f"{connection.dialect.name}_where")]
+        ]
+        checks = [(ck["name"], ck["sqltext"]) for ck in inspector.get_check_constraints(TABLE)]
+    return sorted(indexes), sorted(checks)
+
+
+def _assert_schema_is(storage: Storage, url: str, revision: str) -> None:
+    assert _autogenerate_diff(url, revision) == []
+    # The reference is the metadata's own DDL on the same server, so both sides are spelled
+    # the way this backend reflects them (PostgreSQL rewrites `IN (...)` as `= ANY (ARRAY...)`).
+    reference = storage.url(None)
+    with _connect(reference) as connection:
+        make_metadata(TABLE, revision).create_all(connection)
+    assert _indexes_and_checks(url) == _indexes_and_checks(reference)
+
+
+def _owns_function_exists(url: str) -> bool:
+    query = "SELECT count(*) FROM pg_proc WHERE proname = :name AND pronamespace = "
+    query += "current_schema()::regnamespace"
+    with _connect(url) as connection:
+        return bool(connection.scalar(text(query), {"name": owns_function_name(TABLE)}))
+
+
+@pytest.mark.parametrize("revision", ["0001", "0002"])
+def test_upgrade_matches_the_metadata_of_its_revision(storage: Storage, revision: str) -> None:
+    _assert_schema_is(storage, storage.url(revision), revision)
+
+
+async def test_upgrade_keeps_rows_in_every_state(storage: Storage) -> None:
+    url = storage.url("0001")
+    _insert(url, ROWS)
+
+    upgrade(url)
+
+    assert _rows(url, BASE_COLUMNS) == _as_tuples(ROWS)
+    assert _rows(url, NEW_COLUMNS) == [(None, None, None)] * len(ROWS)
+    async with _opened(url) as store:
+        assert store.capability == "durable"
+        identity = await store.claim_owned("bot-a", TOP, **LEASE)
+        assert identity is not None
+        assert (identity.bot, identity.update_id, identity.attempt) == ("bot-a", TOP, 1)
+
+
+async def test_downgrade_to_0001_and_back(storage: Storage) -> None:
+    url = storage.url("head")
+    fenced = {"claim_id": "c-b", "exhausted_at": None, "acknowledged_at": None}
+    exhausted = {"claim_id": "c-e", "exhausted_at": NOW - 50, "acknowledged_at": NOW - 5}
+    _insert(url, [*ROWS[:1], ROWS[1] | fenced, *ROWS[2:4], ROWS[4] | exhausted])
+    if storage.backend == "postgresql":
+        assert _owns_function_exists(url)
+
+    downgrade(url, "0001")
+
+    assert _rows(url, BASE_COLUMNS) == _as_tuples(ROWS)
+    assert _columns(url) == set(BASE_COLUMNS)
+    _assert_schema_is(storage, url, "0001")
+    async with _opened(url) as store:
+        assert store.capability == "base"
+    if storage.backend == "postgresql":
+        assert not _owns_function_exists(url)
+
+    upgrade(url)
+
+    assert _rows(url, BASE_COLUMNS) == _as_tuples(ROWS)
+    assert _rows(url, NEW_COLUMNS) == [(None, None, None)] * len(ROWS)  # dropped on the way down
+    _assert_schema_is(storage, url, "0002")
+    async with _opened(url) as store:
+        assert store.capability == "durable"
+
+    downgrade(url, "base")
+
+    assert _columns(url) is None
+    assert current_revision(url) is None
+
+
+FENCED: Mapping[str, Callable[[SqlUpdateStore], Any]] = {
+    "claim_owned": lambda store: store.claim_owned("bot-a", 1, **LEASE),
+    "claim_next_owned": lambda store: store.claim_next_owned(limit=10, **LEASE),
+    "exhaust": lambda store: store.exhaust(ClaimIdentity("bot-a", 1, 1, "c"), NOW, "boom"),
+    "due_exhaustions": lambda store: store.due_exhaustions(limit=10),
+    "claim_durable": lambda store: store.claim("bot-a", 1, durable_exhaustion=True, **LEASE),
+}
+
+
+@pytest.mark.parametrize("feature", list(FENCED))
+async def test_fenced_feature_on_0001_names_the_upgrade(storage: Storage, feature: str) -> None:
+    url = storage.url("0001")
+    async with _opened(url) as store:
+        assert await store.add("bot-a", 1, BODY, NOW - 1)
+
+        with pytest.raises(SchemaError, match="alembic upgrade head"):
+            await FENCED[feature](store)
+
+        # Refused before any statement: the row is still pending, with no attempt spent.
+        assert _rows(url, ("state", "attempts")) == [("pending", 0)]
+
+
+async def test_base_methods_on_0001_work(storage: Storage) -> None:
+    async with _opened(storage.url("0001")) as store:
+        assert await store.add("bot-a", 1, BODY, NOW - 1)
+        assert await store.due(now=NOW, pending_before=NOW, limit=10) == [
+            DueUpdate("bot-a", 1, BODY)
+        ]
+        attempt = await store.claim("bot-a", 1, **LEASE)
+        assert attempt == 1
+        assert await store.renew("bot-a", 1, attempt, NOW + 60_000, now=NOW + 1)
+        await store.settle("bot-a", 1, attempt, Completed(at=NOW + 2))
+        assert await store.due(now=NOW + 99_000, pending_before=NOW + 99_000, limit=10) == []
+        assert await store.prune(NOW + 3) == 1
+
+
+async def test_open_store_on_empty_database_names_the_upgrade(storage: Storage) -> None:
+    with pytest.raises(SchemaError, match="alembic upgrade head"):
+        await open_store(storage.url(None))
+
+
+def _run(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    command = [sys.executable, "-W", "error", *args]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("INTAKE_")}
+    environment.update(env or {})
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=environment,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _finish(process: subprocess.Popen[str]) -> str:
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    return stdout
+
+
+def test_alembic_command_line_uses_intake_database_url(storage: Storage) -> None:
+    url = storage.url(None)
+    env = {"INTAKE_DATABASE_URL": url}
+
+    _finish(_run("-m", "alembic", "upgrade", "head", env=env))
+    assert current_revision(url) == "0002"
+
+    _finish(_run("-m", "alembic", "downgrade", "base", env=env))
+    assert current_revision(url) is None
+    assert _columns(url) is None
+
+
+# Each process signals it is ready, waits for the gate, then migrates and opens the store.
+RACER = """
+import asyncio, pathlib, sys, time
+from app.store import open_store
+from app.store.migrate import upgrade
+
+url, ready, gate = sys.argv[1:]
+pathlib.Path(ready).touch()
+deadline = time.monotonic() + 30
+while not pathlib.Path(gate).exists():
+    assert time.monotonic() < deadline, "the gate never opened"
+    time.sleep(0.001)
+upgrade(url)
+
+async def main():
+    store = await open_store(url)
+    print(store.capability)
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+def _race(url: str, gate_dir: Path, processes: int = 4) -> None:
+    gate_dir.mkdir()
+    gate = gate_dir / "gate"
+    ready = [gate_dir / f"ready-{n}" for n in range(processes)]
+    racers = [_run("-c", RACER, url, str(path), str(gate)) for path in ready]
+    deadline = time.monotonic() + 30
+    while not all(path.exists() for path in ready):
+        if any(racer.poll() is not None for racer in racers) or time.monotonic() > deadline:
+            break  # _finish reports the racer that died
+        time.sleep(0.01)
+    gate.touch()
+
+    assert [_finish(racer).strip() for racer in racers] == ["durable"] * processes
+    with _connect(url) as connection:
+        versions = connection.execute(text(f"SELECT * FROM {version_table_name(TABLE)}"))
+        assert [tuple(row) for row in versions] == [("0002",)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_four_processes_auto_migrating_one_fresh_sqlite_file_all_succeed(
+    storage: Storage, tmp_path: Path
+) -> None:
+    for round_ in range(5):
+        _race(storage.url(None), tmp_path / f"round-{round_}")
+
+
+@pytest.mark.slow
+def test_four_processes_auto_migrating_one_fresh_postgres_schema_all_succeed(
+    postgres_storage: Storage, tmp_path: Path
+) -> None:
+    for round_ in range(3):
+        _race(postgres_storage.url(None), tmp_path / f"round-{round_}")
+
+
+@pytest.mark.slow
+def test_upgrade_downgrade_upgrade_keeps_ten_thousand_postgres_rows(
+    postgres_storage: Storage,
+) -> None:
+    url = postgres_storage.url("0001")
+    with _connect(url) as connection:
+        connection.execute(
+            text(f"""
+            INSERT INTO {TABLE} ({", ".join(BASE_COLUMNS)})
+            SELECT 'bot-' || g % 7, g, 'тело ' || g, CASE WHEN g % 3 > 0 THEN 'message' END,
+                   'chat:' || g % 100, (ARRAY['pending', 'processing', 'completed', 'failed',
+                   'abandoned'])[1 + g % 5], g % 4, {NOW} + g, {NOW} - g,
+                   CASE WHEN g % 5 IN (2, 4) THEN {NOW} + g END,
+                   CASE WHEN g % 5 >= 3 THEN 'error ' || g END
+              FROM generate_series(1, 10000) AS g
+            """)
+        )
+    digest = f"""
+        SELECT count(*), md5(string_agg(({", ".join(BASE_COLUMNS)})::text, '|'
+                                        ORDER BY bot, update_id))
+          FROM {TABLE}
+    """
+
+    def fingerprint() -> tuple[Any, ...]:
+        with _connect(url) as connection:
+            return tuple(connection.execute(text(digest)).one())
+
+    before = fingerprint()
+    assert before[0] == 10_000
+    for step in (lambda: upgrade(url), lambda: downgrade(url, "0001"), lambda: upgrade(url)):
+        step()
+        assert fingerprint() == before
+    assert current_revision(url) == "0002"

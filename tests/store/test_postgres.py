@@ -1,0 +1,161 @@
+"""PostgreSQL only: many processes share one database, and downstreams share its transactions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from app.store import ClaimIdentity, SqlUpdateStore, open_store
+from tests.conftest import Storage
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def _stores(url: str, count: int) -> list[SqlUpdateStore]:
+    # Separate engines: separate pools, as separate worker processes would have.
+    return [await open_store(url, pool_size=1) for _ in range(count)]
+
+
+async def test_claim_across_separate_engines_has_one_winner(postgres_storage: Storage) -> None:
+    url = postgres_storage.url()
+    stores = await _stores(url, 8)
+    try:
+        for update_id in range(20):
+            await stores[0].add("shop", update_id, "{}", 0)
+        for update_id in range(10):
+            results = await asyncio.gather(
+                *(s.claim("shop", update_id, now=1, lease_until=9, max_attempts=2) for s in stores)
+            )
+            assert sorted(results, key=lambda r: r is None) == [1] + [None] * 7
+        for update_id in range(10, 20):
+            owned = await asyncio.gather(
+                *(
+                    s.claim_owned("shop", update_id, now=1, lease_until=9, max_attempts=2)
+                    for s in stores
+                )
+            )
+            assert len([o for o in owned if o is not None]) == 1
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_claim_next_owned_across_engines_takes_disjoint_batches(
+    postgres_storage: Storage,
+) -> None:
+    stores = await _stores(postgres_storage.url(), 4)
+    try:
+        keys = {("shop", n) for n in range(500)}
+        await stores[0].add_many([_new(bot, n, queue_key=str(n % 50)) for bot, n in sorted(keys)])
+
+        async def drain(store: SqlUpdateStore) -> list[tuple[str, int]]:
+            taken: list[tuple[str, int]] = []
+            while batch := await store.claim_next_owned(
+                now=1, lease_until=10**12, max_attempts=2, limit=16, ordering="none"
+            ):
+                taken += [(c.identity.bot, c.identity.update_id) for c in batch]
+            return taken
+
+        takes = await asyncio.gather(*(drain(s) for s in stores))
+        every = [key for take in takes for key in take]
+        assert len(every) == len(set(every)) == len(keys)
+        assert set(every) == keys
+    finally:
+        for store in stores:
+            await store.close()
+
+
+def _new(bot: str, update_id: int, queue_key: str | None = None):  # type: ignore[no-untyped-def]
+    from app.store import NewUpdate
+
+    return NewUpdate(bot, update_id, "{}", 0, "message", queue_key)
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def _claimed(store: SqlUpdateStore, lease_ms: int) -> ClaimIdentity:
+    await store.add("shop", 1, '{"update_id": 1}', 0)
+    now = _now()
+    identity = await store.claim_owned(
+        "shop", 1, now=now, lease_until=now + lease_ms, max_attempts=3
+    )
+    assert identity is not None
+    return identity
+
+
+async def test_owns_function_answers_from_the_database_clock(postgres_storage: Storage) -> None:
+    url = postgres_storage.url()
+    store = await open_store(url)
+    try:
+        identity = await _claimed(store, lease_ms=300)
+        with psycopg.connect(_libpq(url), autocommit=True) as connection:
+
+            def owns(bot: str, update_id: int, attempt: int, claim_id: str) -> bool:
+                row = connection.execute(
+                    "SELECT telegram_intake_owns(%s, %s, %s, %s)",
+                    (bot, update_id, attempt, claim_id),
+                ).fetchone()
+                assert row is not None
+                return bool(row[0])
+
+            assert owns("shop", 1, identity.attempt, identity.claim_id) is True
+            assert owns("shop", 1, identity.attempt, "another") is False
+            assert owns("shop", 1, identity.attempt + 1, identity.claim_id) is False
+            assert owns("shop", 2, identity.attempt, identity.claim_id) is False
+            assert owns("other", 1, identity.attempt, identity.claim_id) is False
+            await asyncio.sleep(0.4)  # the lease lapses by the database's clock
+            assert owns("shop", 1, identity.attempt, identity.claim_id) is False
+            now = _now()
+            later = await store.claim_owned(
+                "shop", 1, now=now, lease_until=now + 60_000, max_attempts=3
+            )
+            assert later is not None
+            assert owns("shop", 1, later.attempt, later.claim_id) is True
+            assert owns("shop", 1, identity.attempt, identity.claim_id) is False
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("check", ["sql function", "store owns"])
+async def test_owns_in_a_transaction_holds_off_a_reclaim_until_commit(
+    postgres_storage: Storage, check: str
+) -> None:
+    url = postgres_storage.url()
+    store, rival = await _stores(url, 2)
+    try:
+        identity = await _claimed(store, lease_ms=150)
+        hold = 0.4
+        async with store.transaction() as connection:
+            if check == "sql function":
+                result = await connection.exec_driver_sql(
+                    "SELECT telegram_intake_owns(%(b)s, %(u)s, %(a)s, %(c)s)",
+                    {"b": "shop", "u": 1, "a": identity.attempt, "c": identity.claim_id},
+                )
+                assert result.scalar() is True
+            else:
+                assert await store.owns(identity, _now(), connection=connection)
+            started = time.monotonic()
+            reclaim = asyncio.create_task(
+                rival.claim_owned(
+                    "shop", 1, now=_now() + 1_000, lease_until=_now() + 60_000, max_attempts=3
+                )
+            )
+            await asyncio.sleep(hold)
+            assert not reclaim.done(), "the reclaim passed the row lock"
+            await connection.exec_driver_sql("SELECT 1")  # the domain write would go here
+        second = await reclaim
+        waited = time.monotonic() - started
+        assert waited >= hold
+        assert second is not None and second.attempt == identity.attempt + 1
+        assert not await store.owns(identity, _now())
+    finally:
+        await store.close()
+        await rival.close()

@@ -1,0 +1,128 @@
+"""Claim and due statements use indexes, not scans, with a million settled rows retained."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.store import ClaimIdentity, Completed, SqlUpdateStore, open_store, queries
+from tests.conftest import Storage
+from tests.store.big_table import NOW, fill
+
+LEASE = NOW + 60_000
+IDENTITY = ClaimIdentity("shop", 1_000_002, 1, "0f0e0d0c-0b0a-4908-8706-050403020100")
+
+
+def statements(store: SqlUpdateStore) -> dict[str, Any]:
+    t = store.table
+    return {
+        "add": queries.add(t, store.dialect).values(
+            queries.add_row(
+                bot="shop",
+                update_id=5,
+                body="{}",
+                received_at=NOW,
+                update_type=None,
+                queue_key=None,
+            )
+        ),
+        "claim": queries.claim(
+            t,
+            bot="shop",
+            update_id=1_000_002,
+            now=NOW,
+            lease_until=LEASE,
+            max_attempts=8,
+            durable_exhaustion=True,
+        ),
+        "claim_owned": queries.claim_owned(
+            t,
+            bot="shop",
+            update_id=1_000_002,
+            now=NOW,
+            lease_until=LEASE,
+            max_attempts=8,
+            durable_exhaustion=False,
+        ),
+        "claim_next_owned chat": queries.claim_next_owned(
+            t,
+            now=NOW,
+            lease_until=LEASE,
+            max_attempts=8,
+            limit=64,
+            ordering="chat",
+            bots=None,
+            durable_exhaustion=True,
+        ),
+        "claim_next_owned none": queries.claim_next_owned(
+            t,
+            now=NOW,
+            lease_until=LEASE,
+            max_attempts=8,
+            limit=64,
+            ordering="none",
+            bots=["shop"],
+            durable_exhaustion=False,
+        ),
+        "renew_owned": queries.renew_owned(t, identity=IDENTITY, lease_until=LEASE, now=NOW),
+        "owns": queries.owns(t, identity=IDENTITY, at=NOW, lock=True),
+        "settle_owned": queries.settle_owned(t, identity=IDENTITY, settlement=Completed(NOW)),
+        "due": queries.due(t, now=NOW, pending_before=NOW, limit=100),
+        "exhaust": queries.exhaust(t, identity=IDENTITY, at=NOW, error="HTTP 400"),
+        "due_exhaustions": queries.due_exhaustions(t, limit=100, after=("news", 5), bots=None),
+        "acknowledge_exhaustion": queries.acknowledge_exhaustion(t, identity=IDENTITY, at=NOW),
+        "prune": queries.prune(t, before=1_000),
+    }
+
+
+async def explain(connection: AsyncConnection, store: SqlUpdateStore, statement: Any) -> list[str]:
+    """The plan, one line per node, of `statement` with its values inlined."""
+    sql = str(
+        statement.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True})
+    )
+    if store.dialect == "sqlite":
+        rows = (await connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")).all()
+        return [str(row[-1]) for row in rows]
+    plan = (await connection.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}")).scalar()
+    lines: list[str] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        lines.append(
+            f"{node['Node Type']} {node.get('Relation Name', '')} "
+            f"{node.get('Index Name', '')}".strip()
+        )
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
+    return lines
+
+
+def scans(plan: list[str], dialect: str) -> list[str]:
+    """Lines that read the whole table (or a whole index of it)."""
+    pattern = r"^SCAN (telegram_updates|older)\b" if dialect == "sqlite" else r"^Seq Scan"
+    return [line for line in plan if re.search(pattern, line)]
+
+
+@pytest.mark.slow
+async def test_statements_use_indexes_with_a_million_retained_rows(storage: Storage) -> None:
+    store = await open_store(storage.url())
+    try:
+        await fill(store.engine)
+        found: dict[str, list[str]] = {}
+        async with store.engine.connect() as connection:
+            for name, statement in statements(store).items():
+                plan = await explain(connection, store, statement)
+                if scans(plan, store.dialect):
+                    found[name] = plan
+            # The control: a filter on an unindexed column must be seen as a scan.
+            control = select(store.table.c.bot).where(store.table.c.body == "{}")
+            assert scans(await explain(connection, store, control), store.dialect)
+        assert found == {}
+    finally:
+        await store.close()

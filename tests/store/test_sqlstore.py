@@ -1,0 +1,169 @@
+"""The SQL store beyond the conformance rules: bad input, URLs, errors, capability."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.store import (
+    ClaimIdentity,
+    Completed,
+    Failed,
+    SchemaError,
+    StoreUnavailable,
+    open_store,
+)
+from app.store.engine import normalise_url
+from tests.conftest import Storage
+
+GOOD = {"bot": "shop", "update_id": 7, "body": '{"update_id": 7}', "received_at": 0}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("bot", "Shop"),
+        ("bot", ""),
+        ("bot", "a" * 33),
+        ("bot", "-shop"),
+        ("bot", "shop; DROP TABLE x"),
+        ("update_id", -1),
+        ("update_id", 1.5),
+        ("update_id", "7"),
+        ("update_id", True),
+        ("update_id", 2**63),
+        ("body", b"{}"),
+        ("received_at", 1.0),
+        ("received_at", None),
+    ],
+)
+async def test_add_rejects_bad_input_naming_it_and_writes_nothing(
+    storage: Storage, field: str, value: Any
+) -> None:
+    store = await open_store(storage.url())
+    try:
+        with pytest.raises(ValueError, match=repr(value).replace("(", r"\(").replace("[", r"\[")):
+            await store.add(**{**GOOD, field: value})
+        assert await store.due(now=1, pending_before=1, limit=10) == []
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"now": 10, "lease_until": 10}, "lease_until 10"),
+        ({"now": 10, "lease_until": 5}, "lease_until 5"),
+        ({"max_attempts": 0}, "max_attempts 0"),
+        ({"max_attempts": -2}, "max_attempts -2"),
+        ({"now": 10.5}, "now 10.5"),
+        ({"update_id": -3}, "update_id -3"),
+    ],
+)
+async def test_claim_rejects_bad_input_and_leaves_the_row_pending(
+    storage: Storage, arguments: dict[str, Any], named: str
+) -> None:
+    store = await open_store(storage.url())
+    try:
+        await store.add(**GOOD)
+        call = {"bot": "shop", "update_id": 7, "now": 10, "lease_until": 100, "max_attempts": 2}
+        with pytest.raises(ValueError, match=named):
+            await store.claim_owned(**{**call, **arguments})
+        assert await store.claim("shop", 7, now=10, lease_until=100, max_attempts=2) == 1
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Completed(1.5),  # type: ignore[arg-type]
+        lambda: Failed(10, 5, "retry before the failure"),
+        lambda: Failed(10, 20, None),  # type: ignore[arg-type]
+        lambda: ClaimIdentity("shop", 1, 0, "id"),
+        lambda: ClaimIdentity("shop", 1, 1, ""),
+        lambda: ClaimIdentity("Shop", 1, 1, "id"),
+    ],
+)
+def test_settlements_and_identities_reject_bad_values(make: Any) -> None:
+    with pytest.raises(ValueError):
+        make()
+
+
+async def test_transitions_reject_bad_arguments_before_any_statement(storage: Storage) -> None:
+    store = await open_store(storage.url())
+    try:
+        await store.add(**GOOD)
+        identity = await store.claim_owned("shop", 7, now=10, lease_until=100, max_attempts=2)
+        assert identity is not None
+        with pytest.raises(ValueError, match="settlement"):
+            await store.settle_owned(identity, "completed")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="at '50'"):
+            await store.owns(identity, "50")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="ordering 'fifo'"):
+            await store.claim_next_owned(
+                now=1,
+                lease_until=2,
+                max_attempts=1,
+                limit=1,
+                ordering="fifo",  # type: ignore[arg-type]
+            )
+        with pytest.raises(ValueError, match="bots 'shop'"):
+            await store.claim_next_owned(now=1, lease_until=2, max_attempts=1, limit=1, bots="shop")
+        with pytest.raises(ValueError, match="limit 0"):
+            await store.due(now=1, pending_before=1, limit=0)
+        with pytest.raises(ValueError, match="cursor"):
+            await store.due_exhaustions(limit=1, after=("shop",))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="error None"):
+            await store.exhaust(identity, 50, None)  # type: ignore[arg-type]
+        assert await store.owns(identity, 50)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("table", ["Updates", "1updates", "updates; DROP TABLE x", "a" * 49, ""])
+async def test_open_store_rejects_a_bad_table_name(storage: Storage, table: str) -> None:
+    with pytest.raises(ValueError, match="table name"):
+        await open_store(storage.url(), table=table)
+
+
+async def test_open_store_on_a_missing_table_names_the_upgrade(storage: Storage) -> None:
+    with pytest.raises(SchemaError, match="alembic upgrade head"):
+        await open_store(storage.url(revision=None))
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("sqlite:///var/x.db", "sqlite+aiosqlite:///var/x.db"),
+        ("sqlite+aiosqlite:///var/x.db", "sqlite+aiosqlite:///var/x.db"),
+        ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgres://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+    ],
+)
+def test_normalise_url_maps_plain_urls_onto_our_drivers(given: str, expected: str) -> None:
+    assert normalise_url(given).render_as_string() == expected
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "postgresql+asyncpg://u@h/db"])
+def test_normalise_url_refuses_other_databases_and_drivers(url: str) -> None:
+    with pytest.raises(ValueError, match="use"):
+        normalise_url(url)
+
+
+async def test_unreachable_postgres_is_store_unavailable() -> None:
+    with pytest.raises(StoreUnavailable):
+        await open_store("postgresql://postgres@127.0.0.1:1/test")
+
+
+async def test_sqlite_store_uses_wal_and_full_sync(sqlite_storage: Storage) -> None:
+    store = await open_store(sqlite_storage.url())
+    try:
+        async with store.engine.connect() as connection:
+            mode = (await connection.exec_driver_sql("PRAGMA journal_mode")).scalar()
+            sync = (await connection.exec_driver_sql("PRAGMA synchronous")).scalar()
+        assert (mode, sync) == ("wal", 2)  # 2 is FULL
+    finally:
+        await store.close()
