@@ -19,6 +19,8 @@ class Settings(BaseSettings):
 
     database_url: str = DEFAULT_DATABASE_URL
     table: str = DEFAULT_TABLE
+    host: str = "127.0.0.1"
+    port: int = 8080
 
     @field_validator("database_url")
     @classmethod

@@ -154,7 +154,8 @@ async def test_owns_in_a_transaction_holds_off_a_reclaim_until_commit(
         second = await reclaim
         waited = time.monotonic() - started
         assert waited >= hold
-        assert second is not None and second.attempt == identity.attempt + 1
+        assert second is not None
+        assert second.attempt == identity.attempt + 1
         assert not await store.owns(identity, _now())
     finally:
         await store.close()

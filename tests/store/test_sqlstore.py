@@ -76,18 +76,18 @@ async def test_claim_rejects_bad_input_and_leaves_the_row_pending(
 
 
 @pytest.mark.parametrize(
-    "make",
+    ("make", "named"),
     [
-        lambda: Completed(1.5),  # type: ignore[arg-type]
-        lambda: Failed(10, 5, "retry before the failure"),
-        lambda: Failed(10, 20, None),  # type: ignore[arg-type]
-        lambda: ClaimIdentity("shop", 1, 0, "id"),
-        lambda: ClaimIdentity("shop", 1, 1, ""),
-        lambda: ClaimIdentity("Shop", 1, 1, "id"),
+        (lambda: Completed(1.5), "at 1.5"),
+        (lambda: Failed(10, 5, "retry before the failure"), "retry_at 5"),
+        (lambda: Failed(10, 20, None), "error None"),
+        (lambda: ClaimIdentity("shop", 1, 0, "id"), "attempt 0"),
+        (lambda: ClaimIdentity("shop", 1, 1, ""), "claim_id ''"),
+        (lambda: ClaimIdentity("Shop", 1, 1, "id"), "bot name 'Shop'"),
     ],
 )
-def test_settlements_and_identities_reject_bad_values(make: Any) -> None:
-    with pytest.raises(ValueError):
+def test_settlements_and_identities_reject_bad_values(make: Any, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
         make()
 
 
