@@ -23,6 +23,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    literal_column,
     null,
     or_,
     select,
@@ -37,9 +38,18 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import ReturningInsert
 from sqlalchemy.sql.functions import FunctionElement
 
-from app.store.types import Abandoned, ClaimIdentity, Completed, Failed, Ordering, Settlement
+from app.store.types import (
+    STATES,
+    Abandoned,
+    ClaimIdentity,
+    Completed,
+    Failed,
+    Ordering,
+    Settlement,
+    State,
+)
 
-NON_TERMINAL = ("pending", "processing", "failed")
+NON_TERMINAL: tuple[State, ...] = ("pending", "processing", "failed")
 SPENT_ERROR = "attempts spent"
 
 
@@ -68,6 +78,16 @@ def _claim_id_sqlite(element: new_claim_id, compiler: SQLCompiler, **kw: Any) ->
 # -- shared predicates -------------------------------------------------------------------------
 
 
+def _in_state(column: ColumnElement[str], *states: State) -> ColumnElement[bool]:
+    """`state` compared with SQL literals, never bound parameters: a partial index (and a
+    prepared statement's generic plan) applies only when the planner sees the constant."""
+    unknown = set(states) - set(STATES)
+    if unknown:
+        raise ValueError(f"not states: {sorted(unknown)}")
+    values: list[ColumnElement[Any]] = [literal_column(f"'{state}'") for state in states]
+    return column == values[0] if len(values) == 1 else column.in_(values)
+
+
 def _key(t: Table, bot: str, update_id: int) -> ColumnElement[bool]:
     return and_(t.c.bot == bot, t.c.update_id == update_id)
 
@@ -75,20 +95,20 @@ def _key(t: Table, bot: str, update_id: int) -> ColumnElement[bool]:
 def _lapsed_or_due(t: Table, now: int) -> ColumnElement[bool]:
     # A lease is live at exactly due_at and lapsed after it; a retry is due at exactly due_at.
     return or_(
-        and_(t.c.state == "processing", t.c.due_at < now),
-        and_(t.c.state == "failed", t.c.due_at <= now),
+        and_(_in_state(t.c.state, "processing"), t.c.due_at < now),
+        and_(_in_state(t.c.state, "failed"), t.c.due_at <= now),
     )
 
 
 def _claimable(t: Table, now: int) -> ColumnElement[bool]:
-    return or_(t.c.state == "pending", _lapsed_or_due(t, now))
+    return or_(_in_state(t.c.state, "pending"), _lapsed_or_due(t, now))
 
 
 def _holds_lease(t: Table, bot: str, update_id: int, attempt: int, at: int) -> ColumnElement[bool]:
     return and_(
         _key(t, bot, update_id),
         t.c.attempts == attempt,
-        t.c.state == "processing",
+        _in_state(t.c.state, "processing"),
         t.c.due_at >= at,
     )
 
@@ -104,7 +124,7 @@ def _identity(t: Table, identity: ClaimIdentity) -> ColumnElement[bool]:
 
 def _owned(t: Table, identity: ClaimIdentity, at: int) -> ColumnElement[bool]:
     """The exact live claim: the identity and an unexpired lease."""
-    return and_(_identity(t, identity), t.c.state == "processing", t.c.due_at >= at)
+    return and_(_identity(t, identity), _in_state(t.c.state, "processing"), t.c.due_at >= at)
 
 
 def _claim_values(
@@ -217,7 +237,7 @@ def _renew(t: Table, rule: ColumnElement[bool], lease_until: int) -> Update:
     extended = case((t.c.due_at < lease_until, lease_until), else_=t.c.due_at)
     return (
         update(t)
-        .where(rule, t.c.state == "processing")
+        .where(rule, _in_state(t.c.state, "processing"))
         .values(due_at=extended)
         .returning(t.c.due_at)
     )
@@ -236,9 +256,9 @@ def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
     # One indexed range per state, then key order: a single OR invites SQLite to walk the
     # primary key in order over every retained row. A pending row's due_at is its received_at.
     branches = [
-        and_(t.c.state == "pending", t.c.due_at <= pending_before),
-        and_(t.c.state == "processing", t.c.due_at < now),
-        and_(t.c.state == "failed", t.c.due_at <= now),
+        and_(_in_state(t.c.state, "pending"), t.c.due_at <= pending_before),
+        and_(_in_state(t.c.state, "processing"), t.c.due_at < now),
+        and_(_in_state(t.c.state, "failed"), t.c.due_at <= now),
     ]
     rows = union_all(
         *(select(t.c.bot, t.c.update_id, t.c.body).where(branch) for branch in branches)
@@ -250,7 +270,7 @@ def prune(t: Table, *, before: int) -> Delete:
     # The rule is settled_at < before; due_at == settled_at on terminal rows lets the
     # (state, due_at) index bound the scan. Exhaustions keep settled_at NULL until acknowledged.
     return delete(t).where(
-        t.c.state.in_(("completed", "abandoned")),
+        _in_state(t.c.state, "completed", "abandoned"),
         t.c.due_at < before,
         t.c.settled_at < before,
     )
@@ -314,7 +334,7 @@ def claim_next_owned(
                     older.c.bot == t.c.bot,
                     older.c.queue_key == t.c.queue_key,
                     older.c.update_id < t.c.update_id,
-                    older.c.state.in_(NON_TERMINAL),
+                    _in_state(older.c.state, *NON_TERMINAL),
                 ),
             )
         )
@@ -375,7 +395,9 @@ def settle_owned(t: Table, *, identity: ClaimIdentity, settlement: Settlement) -
 def _unacknowledged(t: Table) -> ColumnElement[bool]:
     # Matches the predicate of the partial exhaustion index.
     return and_(
-        t.c.state == "abandoned", t.c.exhausted_at.is_not(None), t.c.acknowledged_at.is_(None)
+        _in_state(t.c.state, "abandoned"),
+        t.c.exhausted_at.is_not(None),
+        t.c.acknowledged_at.is_(None),
     )
 
 
