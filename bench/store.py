@@ -71,7 +71,11 @@ async def _measure(store: SqlUpdateStore, shape: Shape, samples: int) -> dict[st
 
     async def claim_batch(ordering: str) -> None:
         await store.claim_next_owned(
-            now=now, lease_until=now + LEASE, max_attempts=8, limit=64, ordering=ordering  # type: ignore[arg-type]
+            now=now,
+            lease_until=now + LEASE,
+            max_attempts=8,
+            limit=64,
+            ordering=ordering,  # type: ignore[arg-type]
         )
 
     results = {
@@ -108,8 +112,14 @@ async def main(*, quick: bool = False) -> str:
                 url, drop = await _fresh(backend, Path(directory))
                 store = await open_store(url)
                 try:
-                    shape = Shape(retained=retained, pending=20_000, chats=500, failed=0,
-                                  lapsed=0, exhausted=0)
+                    shape = Shape(
+                        retained=retained,
+                        pending=20_000,
+                        chats=500,
+                        failed=0,
+                        lapsed=0,
+                        exhausted=0,
+                    )
                     await fill(store.engine, shape)
                     measured[retained] = await _measure(store, shape, samples)
                 finally:
@@ -119,8 +129,10 @@ async def main(*, quick: bool = False) -> str:
             for name in small:
                 if name == "drain":
                     a, b = small[name][0], large[name][0]
-                    rows.append(f"| {backend} | drain: claim 64 (chat) + settle_owned each, updates/s "
-                                f"| {a:,.0f} | {b:,.0f} | {b / a:.2f} |")
+                    rows.append(
+                        f"| {backend} | drain: claim 64 (chat) + settle_owned each, updates/s "
+                        f"| {a:,.0f} | {b:,.0f} | {b / a:.2f} |"
+                    )
                     continue
                 a50, b50 = _p(small[name], 50), _p(large[name], 50)
                 rows.append(

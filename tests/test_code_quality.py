@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "app", "tests", "alembic"],
-        ["ruff", "format", "--check", "app", "tests", "alembic"],
+        ["ruff", "check", "app", "tests", "alembic", "bench"],
+        ["ruff", "format", "--check", "app", "tests", "alembic", "bench"],
         ["mypy", "app"],
     ],
     ids=["ruff-check", "ruff-format", "mypy-strict"],

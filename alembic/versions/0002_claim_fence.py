@@ -2,8 +2,9 @@
 
 Adds claim_id (a fresh UUID per claim), exhausted_at and acknowledged_at (a durable exhaustion
 is an abandoned row with exhausted_at set until its exact acknowledgement), the index that pages
-unacknowledged exhaustions, and on PostgreSQL the ownership function for downstream services
-that share the database.
+unacknowledged exhaustions, an index of non-terminal rows in due order (batch claims walk it and
+stop at their limit), and on PostgreSQL the ownership function for downstream services that
+share the database.
 
 Revision ID: 0002
 Revises: 0001
@@ -21,6 +22,7 @@ branch_labels = None
 depends_on = None
 
 UNACKNOWLEDGED = "exhausted_at IS NOT NULL AND acknowledged_at IS NULL"
+NON_TERMINAL = "state IN ('pending', 'processing', 'failed')"
 
 
 def _owns_function(table: str) -> str:
@@ -33,6 +35,13 @@ def upgrade() -> None:
         batch.add_column(sa.Column("claim_id", sa.Text(), nullable=True))
         batch.add_column(sa.Column("exhausted_at", sa.BigInteger(), nullable=True))
         batch.add_column(sa.Column("acknowledged_at", sa.BigInteger(), nullable=True))
+    op.create_index(
+        f"ix_{table}_due",
+        table,
+        ["due_at"],
+        postgresql_where=sa.text(NON_TERMINAL),
+        sqlite_where=sa.text(NON_TERMINAL),
+    )
     op.create_index(
         f"ix_{table}_unacknowledged",
         table,
@@ -68,6 +77,7 @@ def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"DROP FUNCTION {_owns_function(table)}(text, bigint, int, text)")
     op.drop_index(f"ix_{table}_unacknowledged", table_name=table)
+    op.drop_index(f"ix_{table}_due", table_name=table)
     with op.batch_alter_table(table) as batch:
         batch.drop_column("acknowledged_at")
         batch.drop_column("exhausted_at")

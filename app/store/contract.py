@@ -120,9 +120,10 @@ class FencedUpdateStore(UpdateStore, Protocol):
         bots: Sequence[str] | None = None,
         durable_exhaustion: bool = False,
     ) -> list[Claimed]:
-        """Claim up to `limit` due rows in one statement; concurrent callers never take the same
-        row. With ordering "chat" only the oldest non-terminal row of each `(bot, queue_key)` is
-        eligible. Spent rows met on the way are ended as `claim` ends them and not returned."""
+        """Claim up to `limit` due rows in one statement, oldest `due_at` first; concurrent
+        callers never take the same row. A pending row is due from its `received_at`. With
+        ordering "chat" only the oldest non-terminal row of each `(bot, queue_key)` is eligible.
+        Spent rows met on the way are ended as `claim` ends them and not returned."""
         ...
 
     async def renew_owned(

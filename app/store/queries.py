@@ -322,7 +322,13 @@ def claim_next_owned(
     serialises writers). With chat ordering a row is eligible only when no older row of its
     (bot, queue_key) is still pending, processing or failed.
     """
-    candidates = select(t.c.bot, t.c.update_id).where(_claimable(t, now))
+    # Walk non-terminal rows in due order (ix_due) and stop at the limit: the cost follows the
+    # batch and the queues in flight, not the backlog. A pending row is due from receipt.
+    candidates = select(t.c.bot, t.c.update_id).where(
+        _in_state(t.c.state, *NON_TERMINAL),
+        t.c.due_at <= now,
+        or_(~_in_state(t.c.state, "processing"), t.c.due_at < now),
+    )
     if bots is not None:
         candidates = candidates.where(t.c.bot.in_(list(bots)))
     if ordering == "chat":
@@ -339,9 +345,7 @@ def claim_next_owned(
             )
         )
     candidates = (
-        candidates.order_by(t.c.due_at, t.c.bot, t.c.update_id)
-        .limit(limit)
-        .with_for_update(skip_locked=True, of=t)
+        candidates.order_by(t.c.due_at).limit(limit).with_for_update(skip_locked=True, of=t)
     )
     values = _claim_values(
         t,

@@ -1,7 +1,8 @@
 """The table, as SQLAlchemy Core metadata: the one source of truth that Alembic compares against.
 
 Revision 0001 is the base shape; revision 0002 (ADR 0256) adds `claim_id`, `exhausted_at`,
-`acknowledged_at` and the exhaustion index. `make_metadata(table, revision=...)` draws either.
+`acknowledged_at`, the exhaustion index and the due-order index that batch claims walk.
+`make_metadata(table, revision=...)` draws either.
 """
 
 from __future__ import annotations
@@ -84,6 +85,13 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         sqlite_where=text(NON_TERMINAL),
     )
     if revision == "0002":
+        # claim_next_owned walks due rows in due_at order and stops at its limit.
+        Index(
+            f"ix_{table}_due",
+            updates.c.due_at,
+            postgresql_where=text(NON_TERMINAL),
+            sqlite_where=text(NON_TERMINAL),
+        )
         Index(
             f"ix_{table}_unacknowledged",
             updates.c.bot,
