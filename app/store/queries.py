@@ -253,8 +253,9 @@ def settle(t: Table, *, bot: str, update_id: int, attempt: int, settlement: Sett
 
 
 def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
-    # One indexed range per state, then key order: a single OR invites SQLite to walk the
-    # primary key in order over every retained row. A pending row's due_at is its received_at.
+    # One indexed range per state, materialised, then put in key order: otherwise SQLite walks
+    # the primary key in order through every retained row. A pending row's due_at is its
+    # received_at.
     branches = [
         and_(_in_state(t.c.state, "pending"), t.c.due_at <= pending_before),
         and_(_in_state(t.c.state, "processing"), t.c.due_at < now),
@@ -262,7 +263,7 @@ def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
     ]
     rows = union_all(
         *(select(t.c.bot, t.c.update_id, t.c.body).where(branch) for branch in branches)
-    ).subquery("due")
+    ).cte("due").prefix_with("MATERIALIZED")
     return select(rows).order_by(rows.c.bot, rows.c.update_id).limit(limit)
 
 
