@@ -261,9 +261,11 @@ def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
         and_(_in_state(t.c.state, "processing"), t.c.due_at < now),
         and_(_in_state(t.c.state, "failed"), t.c.due_at <= now),
     ]
-    rows = union_all(
-        *(select(t.c.bot, t.c.update_id, t.c.body).where(branch) for branch in branches)
-    ).cte("due").prefix_with("MATERIALIZED")
+    rows = (
+        union_all(*(select(t.c.bot, t.c.update_id, t.c.body).where(branch) for branch in branches))
+        .cte("due")
+        .prefix_with("MATERIALIZED")
+    )
     return select(rows).order_by(rows.c.bot, rows.c.update_id).limit(limit)
 
 
