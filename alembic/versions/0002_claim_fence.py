@@ -31,10 +31,10 @@ def _owns_function(table: str) -> str:
 
 def upgrade() -> None:
     table = context.config.attributes["table"]
-    with op.batch_alter_table(table) as batch:
-        batch.add_column(sa.Column("claim_id", sa.Text(), nullable=True))
-        batch.add_column(sa.Column("exhausted_at", sa.BigInteger(), nullable=True))
-        batch.add_column(sa.Column("acknowledged_at", sa.BigInteger(), nullable=True))
+    # Nullable columns without defaults: a plain ALTER TABLE on both backends, rows untouched.
+    op.add_column(table, sa.Column("claim_id", sa.Text(), nullable=True))
+    op.add_column(table, sa.Column("exhausted_at", sa.BigInteger(), nullable=True))
+    op.add_column(table, sa.Column("acknowledged_at", sa.BigInteger(), nullable=True))
     op.create_index(
         f"ix_{table}_due",
         table,
@@ -78,7 +78,8 @@ def downgrade() -> None:
         op.execute(f"DROP FUNCTION {_owns_function(table)}(text, bigint, int, text)")
     op.drop_index(f"ix_{table}_unacknowledged", table_name=table)
     op.drop_index(f"ix_{table}_due", table_name=table)
-    with op.batch_alter_table(table) as batch:
-        batch.drop_column("acknowledged_at")
-        batch.drop_column("exhausted_at")
-        batch.drop_column("claim_id")
+    # SQLite (3.35+) drops a column in place once no index refers to it; no table copy, so
+    # `alembic downgrade --sql` works offline too.
+    op.drop_column(table, "acknowledged_at")
+    op.drop_column(table, "exhausted_at")
+    op.drop_column(table, "claim_id")

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from app.store import ClaimIdentity, SqlUpdateStore, open_store
+from app.store import ClaimIdentity, SqlUpdateStore, StoreUnavailable, open_store
 from tests.conftest import Storage
 
 
@@ -160,3 +160,29 @@ async def test_owns_in_a_transaction_holds_off_a_reclaim_until_commit(
     finally:
         await store.close()
         await rival.close()
+
+
+async def test_store_recovers_by_itself_when_its_connections_are_killed(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    url = make_url(postgres_storage.url()).update_query_dict({"application_name": "victim"})
+    store = await open_store(url.render_as_string(hide_password=False), pool_size=4)
+    try:
+        await asyncio.gather(*(store.add("shop", n, "{}", 0) for n in range(8)))  # fill the pool
+        killed = postgres_admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'victim'"
+        ).fetchone()
+        assert killed is not None
+        assert killed[0] >= 1
+        failures = 0
+        for update_id in range(100, 110):
+            try:
+                assert await store.add("shop", update_id, "{}", 0)
+            except StoreUnavailable:
+                failures += 1
+        assert failures <= 1  # one statement meets the dead pool; it is then replaced whole
+        due = await store.due(now=1, pending_before=1, limit=100)
+        assert len(due) == 18 - failures
+    finally:
+        await store.close()
