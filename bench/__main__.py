@@ -7,9 +7,9 @@ import asyncio
 import os
 from pathlib import Path
 
-from bench import store
+from bench import plans, store
 
-BENCHMARKS = {"store": store.main}
+BENCHMARKS = {"store": store.main, "plans": plans.main}
 
 
 def main() -> None:

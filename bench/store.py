@@ -26,7 +26,7 @@ from tests.store.big_table import NOW, Shape, fill
 LEASE = 60_000
 
 
-async def _fresh(backend: str, directory: Path) -> tuple[str, Callable[[], None]]:
+async def fresh_storage(backend: str, directory: Path) -> tuple[str, Callable[[], None]]:
     name = f"bench_{uuid.uuid4().hex[:12]}"
     if backend == "sqlite":
         url = f"sqlite+aiosqlite:///{directory / name}.db"
@@ -109,7 +109,7 @@ async def main(*, quick: bool = False) -> str:
         for backend in ("postgresql", "sqlite"):
             measured = {}
             for retained in retained_sizes:
-                url, drop = await _fresh(backend, Path(directory))
+                url, drop = await fresh_storage(backend, Path(directory))
                 store = await open_store(url)
                 try:
                     shape = Shape(

@@ -88,6 +88,13 @@ def _in_state(column: ColumnElement[str], *states: State) -> ColumnElement[bool]
     return column == values[0] if len(values) == 1 else column.in_(values)
 
 
+def _lease(t: Table) -> ColumnElement[int]:
+    """due_at for a lease comparison in a keyed statement. The `+ 0` keeps the planner on the
+    primary key: on a range of due_at it may pick the due-order index, and scan every live lease
+    and pending retry instead of one row."""
+    return t.c.due_at + 0
+
+
 def _key(t: Table, bot: str, update_id: int) -> ColumnElement[bool]:
     return and_(t.c.bot == bot, t.c.update_id == update_id)
 
@@ -109,7 +116,7 @@ def _holds_lease(t: Table, bot: str, update_id: int, attempt: int, at: int) -> C
         _key(t, bot, update_id),
         t.c.attempts == attempt,
         _in_state(t.c.state, "processing"),
-        t.c.due_at >= at,
+        _lease(t) >= at,
     )
 
 
@@ -124,7 +131,7 @@ def _identity(t: Table, identity: ClaimIdentity) -> ColumnElement[bool]:
 
 def _owned(t: Table, identity: ClaimIdentity, at: int) -> ColumnElement[bool]:
     """The exact live claim: the identity and an unexpired lease."""
-    return and_(_identity(t, identity), _in_state(t.c.state, "processing"), t.c.due_at >= at)
+    return and_(_identity(t, identity), _in_state(t.c.state, "processing"), _lease(t) >= at)
 
 
 def _claim_values(
@@ -228,7 +235,7 @@ def claim(
 def renew(
     t: Table, *, bot: str, update_id: int, attempt: int, lease_until: int, now: int | None
 ) -> Update:
-    live = t.c.due_at >= now if now is not None else true()
+    live = _lease(t) >= now if now is not None else true()
     return _renew(t, and_(_key(t, bot, update_id), t.c.attempts == attempt, live), lease_until)
 
 
@@ -377,7 +384,7 @@ def claim_next_owned(
 
 
 def renew_owned(t: Table, *, identity: ClaimIdentity, lease_until: int, now: int | None) -> Update:
-    live = t.c.due_at >= now if now is not None else true()
+    live = _lease(t) >= now if now is not None else true()
     return _renew(t, and_(_identity(t, identity), live), lease_until)
 
 

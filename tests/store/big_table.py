@@ -21,6 +21,7 @@ class Shape:
     chats: int = 200
     failed: int = 100  # due for retry
     lapsed: int = 100  # processing with a lapsed lease
+    leased: int = 500  # processing under a live lease: deliveries in flight
     exhausted: int = 50  # unacknowledged exhaustions
 
 
@@ -46,9 +47,10 @@ async def fill(
     groups = [
         # state, count, chats, due_at, settled_at, exhausted_at, attempts
         ("completed", shape.retained, 5_000, "n", "n", "NULL", 1),
-        ("pending", shape.pending, shape.chats, f"{NOW} - 1000 + n", "NULL", "NULL", 0),
+        ("pending", shape.pending, shape.chats, f"{NOW} - 10000000 + n", "NULL", "NULL", 0),
         ("failed", shape.failed, shape.failed, f"{NOW} - n", "NULL", "NULL", 1),
         ("processing", shape.lapsed, shape.lapsed, f"{NOW} - 60000", "NULL", "NULL", 1),
+        ("processing", shape.leased, shape.leased, f"{NOW} + 1 + n", "NULL", "NULL", 1),
         ("abandoned", shape.exhausted, shape.exhausted, f"{NOW} - n", "NULL", f"{NOW} - n", 2),
     ]
     offset = 0
