@@ -403,6 +403,35 @@ async def _chat_ordering(store: FencedUpdateStore, f: _Findings) -> None:
     f.equal(taken, [20], "concurrent callers on one queue")
 
 
+@_rule("a batch settle applies each settlement only for its exact live identity", "fenced")
+async def _settle_many(store: FencedUpdateStore, f: _Findings) -> None:
+    settle_many = getattr(store, "settle_many_owned", None)
+    if settle_many is None:
+        return  # an optional extension: stores without it settle one row at a time
+    await _record(store, 1, 2, 3, 4, 5)
+    held = await store.claim_next_owned(now=10, lease_until=100, max_attempts=MAX, limit=10)
+    ids = {c.identity.update_id: c.identity for c in held}
+    if sorted(ids) != [1, 2, 3, 4, 5]:
+        f.expect(False, f"claim_next_owned of five pending rows took {sorted(ids)}")
+        return
+    results = await settle_many(
+        [
+            (ids[1], Completed(100)),
+            (_other(ids[2], claim_id="x"), Completed(50)),
+            (ids[3], Completed(101)),
+            (ids[4], Failed(50, 70, "HTTP 503")),
+            (_other(ids[5], attempt=2), Abandoned(50, "stale")),
+        ]
+    )
+    f.equal(results, [True, False, False, True, False], "results in input order")
+    f.equal(await store.owns(ids[2], 60), True, "owns after a wrong claim_id's settle")
+    f.equal(await store.owns(ids[5], 60), True, "owns after a wrong attempt's settle")
+    due = await store.due(now=70, pending_before=70, limit=10)
+    f.equal([d.update_id for d in due], [4], "due at the retry of the failed row")
+    f.equal(await store.prune(101), 1, "prune of the one completed row")
+    f.equal(await settle_many([]), [], "an empty batch")
+
+
 @_rule("owns inside an open transaction blocks a concurrent reclaim", "fenced")
 async def _owns_blocks_reclaim(store: FencedUpdateStore, f: _Findings) -> None:
     transaction = getattr(store, "transaction", None)

@@ -11,14 +11,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Delete,
+    Integer,
     Select,
     Table,
     Text,
     Update,
     and_,
+    bindparam,
     case,
+    cast,
     delete,
     exists,
     func,
@@ -33,6 +37,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import ReturningInsert
@@ -401,6 +406,66 @@ def settle_owned(t: Table, *, identity: ClaimIdentity, settlement: Settlement) -
         .values(_settle_values(settlement))
         .returning(t.c.state)
     )
+
+
+_BATCH_COLUMNS = {
+    "bot": Text,
+    "update_id": BigInteger,
+    "attempt": Integer,
+    "claim_id": Text,
+    "at": BigInteger,
+    "state": Text,
+    "due_at": BigInteger,
+    "settled_at": BigInteger,
+    "error": Text,
+}
+
+
+def settle_many_owned(
+    t: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
+) -> tuple[Update, dict[str, list[Any]]]:
+    """PostgreSQL: a whole batch of settlements in one statement, each row matched on its full
+    identity and live lease, over unnest() of parallel arrays (one statement text for any batch
+    size, so it is prepared once). RETURNING names the keys that were settled."""
+    arrays: dict[str, list[Any]] = {f"batch_{name}": [] for name in _BATCH_COLUMNS}
+    for identity, settlement in items:
+        values = _settle_values(settlement)
+        row = {
+            "bot": identity.bot,
+            "update_id": identity.update_id,
+            "attempt": identity.attempt,
+            "claim_id": identity.claim_id,
+            "at": settlement.at,
+            **{name: values[name] for name in ("state", "due_at", "settled_at", "error")},
+        }
+        for name, value in row.items():
+            arrays[f"batch_{name}"].append(value)
+    batch = (
+        func.unnest(
+            *(cast(bindparam(f"batch_{n}"), ARRAY(kind)) for n, kind in _BATCH_COLUMNS.items())
+        )
+        .table_valued(*_BATCH_COLUMNS)
+        .render_derived(name="batch")
+    )
+    statement = (
+        update(t)
+        .where(
+            t.c.bot == batch.c.bot,
+            t.c.update_id == batch.c.update_id,
+            t.c.attempts == batch.c.attempt,
+            t.c.claim_id == batch.c.claim_id,
+            _in_state(t.c.state, "processing"),
+            _lease(t) >= batch.c.at,
+        )
+        .values(
+            state=batch.c.state,
+            due_at=batch.c.due_at,
+            settled_at=batch.c.settled_at,
+            error=batch.c.error,
+        )
+        .returning(t.c.bot, t.c.update_id)
+    )
+    return statement, arrays
 
 
 # -- durable (revision 0002) -------------------------------------------------------------------

@@ -371,6 +371,34 @@ class SqlUpdateStore:
         async with self._write() as connection:
             return (await connection.execute(statement)).first() is not None
 
+    async def settle_many_owned(
+        self, items: Sequence[tuple[ClaimIdentity, Settlement]]
+    ) -> list[bool]:
+        """`settle_owned` for a batch, in one transaction (one statement on PostgreSQL); for
+        each item, whether it took effect. A key may appear once per batch."""
+        self.require("fenced", "settle_many_owned")
+        checked = [(_identity(identity), _settlement(settlement)) for identity, settlement in items]
+        keys = [(identity.bot, identity.update_id) for identity, _ in checked]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"keys {sorted(k for k in keys if keys.count(k) > 1)} repeat")
+        if not checked:
+            return []
+        settled: set[tuple[str, int]] = set()
+        async with self._write() as connection:
+            if self._sqlite:
+                # Local statements in one transaction: the cost is its single commit.
+                for identity, settlement in checked:
+                    statement = queries.settle_owned(
+                        self.table, identity=identity, settlement=settlement
+                    )
+                    if (await connection.execute(statement)).first() is not None:
+                        settled.add((identity.bot, identity.update_id))
+            else:
+                statement, arrays = queries.settle_many_owned(self.table, checked)
+                result = await connection.execute(statement, arrays)
+                settled = {(bot, update_id) for bot, update_id in result.all()}
+        return [key in settled for key in keys]
+
     # -- durable -------------------------------------------------------------------------------
 
     async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:

@@ -7,6 +7,7 @@ replaces exactly one method with a plausible wrong version.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from sqlalchemy import select, update
 
@@ -117,3 +118,26 @@ CONTROLS: dict[type[SqlUpdateStore], str] = {
     ),
     ClaimReadsThenWrites: "of 8 concurrent claims exactly one takes the update",
 }
+
+
+class SettleManyIgnoresClaimId(SqlUpdateStore):
+    async def settle_many_owned(
+        self, items: Sequence[tuple[ClaimIdentity, Settlement]]
+    ) -> list[bool]:
+        results = []
+        for identity, settlement in items:
+            statement = queries.settle(
+                self.table,
+                bot=identity.bot,
+                update_id=identity.update_id,
+                attempt=identity.attempt,
+                settlement=settlement,
+            )
+            async with self._write() as connection:
+                results.append((await connection.execute(statement)).first() is not None)
+        return results
+
+
+CONTROLS[SettleManyIgnoresClaimId] = (
+    "a batch settle applies each settlement only for its exact live identity"
+)
