@@ -51,12 +51,13 @@ def upgrade() -> None:
     )
     if op.get_bind().dialect.name == "postgresql":
         # Lock first, then read the clock: time spent waiting for the lock counts against the
-        # lease. Live at exactly due_at, as in the store.
+        # lease. Live at exactly due_at, as in the store. The search_path is the one migrating,
+        # so the function finds its table whatever the caller's search_path.
         op.execute(
             f"""
             CREATE FUNCTION {_owns_function(table)}(
                 bot text, update_id bigint, attempt int, claim_id text
-            ) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+            ) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
             DECLARE
                 lease bigint;
             BEGIN
@@ -65,7 +66,7 @@ def upgrade() -> None:
                    AND t.claim_id = $4 AND t.state = 'processing'
                    FOR UPDATE;
                 RETURN FOUND
-                   AND lease >= (extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+                   AND lease >= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
             END
             $$
             """
@@ -74,6 +75,16 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     table = context.config.attributes["table"]
+    if not context.is_offline_mode():
+        # Revision 0001 cannot hold an exhaustion: refuse rather than lose one.
+        open_exhaustions = op.get_bind().scalar(
+            sa.text(f"SELECT count(*) FROM {table} WHERE {UNACKNOWLEDGED}")
+        )
+        if open_exhaustions:
+            raise RuntimeError(
+                f"{open_exhaustions} unacknowledged exhaustions in {table}: acknowledge them "
+                "before downgrading below 0002, or they would be lost"
+            )
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"DROP FUNCTION {_owns_function(table)}(text, bigint, int, text)")
     op.drop_index(f"ix_{table}_unacknowledged", table_name=table)

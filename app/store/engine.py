@@ -42,11 +42,9 @@ def normalise_url(url: str | URL, *, asynchronous: bool = True) -> URL:
     return parsed.set(drivername=driver)
 
 
-def _sqlite_file(url: URL) -> Path | None:
-    database = url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
-    return Path(database)
+def _in_memory(url: URL) -> bool:
+    database = url.database or ""
+    return database in ("", ":memory:") or "mode=memory" in database
 
 
 def _configure_sqlite(sync_engine: Engine) -> None:
@@ -67,11 +65,12 @@ def _configure_sqlite(sync_engine: Engine) -> None:
 
 
 def _sqlite_options(url: URL) -> dict[str, Any]:
-    path = _sqlite_file(url)
-    if path is None:
+    if _in_memory(url):
         # One shared connection, or every pooled connection would see its own empty database.
         return {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
-    path.parent.mkdir(parents=True, exist_ok=True)
+    database = url.database or ""
+    if not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
     return {"connect_args": {"timeout": BUSY_TIMEOUT_MS / 1000}}
 
 

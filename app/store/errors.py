@@ -26,8 +26,10 @@ class SchemaError(StoreError):
 class StoreUnavailable(StoreError):
     """The database is unreachable or timed out.
 
-    If the connection dropped during a commit, the change may or may not be durable; every
-    store write is idempotent or fenced, so repeating it is safe.
+    If the connection dropped during a commit, the change may or may not be durable. Repeating
+    a write is safe (adds are idempotent, transitions fenced) but may answer differently: a
+    claim whose answer was lost holds the row until its lease lapses, and a repeated
+    acknowledgement that had succeeded answers False.
     """
 
 

@@ -49,6 +49,7 @@ from app.store.types import (
     ClaimIdentity,
     Completed,
     Failed,
+    NewUpdate,
     Ordering,
     Settlement,
     State,
@@ -179,36 +180,53 @@ def _settle_values(settlement: Settlement) -> dict[str, Any]:
 # -- base (revision 0001 columns only) ---------------------------------------------------------
 
 
-def add(t: Table, dialect: str) -> ReturningInsert[Any]:
-    """INSERT new keys, skip existing ones; RETURNING names the keys that were new."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = insert(t).on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
-    return statement.returning(t.c.bot, t.c.update_id)
+def _unnest(columns: dict[str, Any]) -> Any:
+    """PostgreSQL: parallel arrays as a derived table `batch(columns...)`. The statement text
+    is the same for every batch size, so psycopg prepares it once."""
+    arrays = (cast(bindparam(f"batch_{name}"), ARRAY(kind)) for name, kind in columns.items())
+    return func.unnest(*arrays).table_valued(*columns).render_derived(name="batch")
 
 
-def add_row(
-    *,
-    bot: str,
-    update_id: int,
-    body: str,
-    received_at: int,
-    update_type: str | None,
-    queue_key: str | None,
-) -> dict[str, Any]:
-    # A pending row's due_at is its received_at: `due` and the index rely on it.
-    return {
-        "bot": bot,
-        "update_id": update_id,
-        "body": body,
-        "update_type": update_type,
-        "queue_key": queue_key,
-        "state": "pending",
-        "attempts": 0,
-        "due_at": received_at,
-        "received_at": received_at,
-        "settled_at": None,
-        "error": None,
-    }
+def _arrays(columns: dict[str, Any], rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {f"batch_{name}": [row[name] for row in rows] for name in columns}
+
+
+_ADD_COLUMNS = {
+    "bot": Text,
+    "update_id": BigInteger,
+    "body": Text,
+    "update_type": Text,
+    "queue_key": Text,
+    "received_at": BigInteger,
+}
+
+
+def add(
+    t: Table, dialect: str, rows: Sequence[NewUpdate]
+) -> tuple[ReturningInsert[Any], dict[str, Any] | list[dict[str, Any]]]:
+    """INSERT new keys as pending, skip existing ones (duplicates within the batch too);
+    RETURNING names the keys that were new. One statement on either backend."""
+    # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
+    values = [{name: getattr(row, name) for name in _ADD_COLUMNS} for row in rows]
+    if dialect == "postgresql":
+        batch = _unnest(_ADD_COLUMNS)
+        source = select(
+            *(batch.c[name] for name in _ADD_COLUMNS),
+            literal_column("'pending'"),
+            literal(0),
+            batch.c.received_at,
+        )
+        names = [*_ADD_COLUMNS, "state", "attempts", "due_at"]
+        insert = postgresql.insert(t).from_select(names, source)
+        insert = insert.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
+        return insert.returning(t.c.bot, t.c.update_id), _arrays(_ADD_COLUMNS, values)
+    # SQLite: executemany inside the caller's one transaction; SQLAlchemy packs the rows into
+    # multi-row VALUES within SQLite's limit on bound parameters.
+    params = [
+        {**row, "state": "pending", "attempts": 0, "due_at": row["received_at"]} for row in values
+    ]
+    many = sqlite.insert(t).on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
+    return many.returning(t.c.bot, t.c.update_id), params[0] if len(params) == 1 else params
 
 
 def claim(
@@ -221,12 +239,14 @@ def claim(
     max_attempts: int,
     durable_exhaustion: bool,
 ) -> Update:
+    # Where the table has claim_id (revision 0002), a base claim mints one too: every successful
+    # claim gets a fresh claim_id, so no earlier identity matches the new attempt.
     values = _claim_values(
         t,
         now=now,
         lease_until=lease_until,
         max_attempts=max_attempts,
-        fenced=False,
+        fenced="claim_id" in t.c,
         durable=durable_exhaustion,
     )
     return (
@@ -408,7 +428,7 @@ def settle_owned(t: Table, *, identity: ClaimIdentity, settlement: Settlement) -
     )
 
 
-_BATCH_COLUMNS = {
+_SETTLE_COLUMNS = {
     "bot": Text,
     "update_id": BigInteger,
     "attempt": Integer,
@@ -427,26 +447,20 @@ def settle_many_owned(
     """PostgreSQL: a whole batch of settlements in one statement, each row matched on its full
     identity and live lease, over unnest() of parallel arrays (one statement text for any batch
     size, so it is prepared once). RETURNING names the keys that were settled."""
-    arrays: dict[str, list[Any]] = {f"batch_{name}": [] for name in _BATCH_COLUMNS}
+    rows = []
     for identity, settlement in items:
         values = _settle_values(settlement)
-        row = {
-            "bot": identity.bot,
-            "update_id": identity.update_id,
-            "attempt": identity.attempt,
-            "claim_id": identity.claim_id,
-            "at": settlement.at,
-            **{name: values[name] for name in ("state", "due_at", "settled_at", "error")},
-        }
-        for name, value in row.items():
-            arrays[f"batch_{name}"].append(value)
-    batch = (
-        func.unnest(
-            *(cast(bindparam(f"batch_{n}"), ARRAY(kind)) for n, kind in _BATCH_COLUMNS.items())
+        rows.append(
+            {
+                "bot": identity.bot,
+                "update_id": identity.update_id,
+                "attempt": identity.attempt,
+                "claim_id": identity.claim_id,
+                "at": settlement.at,
+                **{name: values[name] for name in ("state", "due_at", "settled_at", "error")},
+            }
         )
-        .table_valued(*_BATCH_COLUMNS)
-        .render_derived(name="batch")
-    )
+    batch = _unnest(_SETTLE_COLUMNS)
     statement = (
         update(t)
         .where(
@@ -465,7 +479,7 @@ def settle_many_owned(
         )
         .returning(t.c.bot, t.c.update_id)
     )
-    return statement, arrays
+    return statement, _arrays(_SETTLE_COLUMNS, rows)
 
 
 # -- durable (revision 0002) -------------------------------------------------------------------

@@ -3,6 +3,12 @@
 Revision 0001 is the base shape; revision 0002 (ADR 0256) adds `claim_id`, `exhausted_at`,
 `acknowledged_at`, the exhaustion index and the due-order index that batch claims walk.
 `make_metadata(table, revision=...)` draws either.
+
+Invariants every statement of the store keeps (its queries lean on them for index use; a
+process writing the table by other means must keep them too):
+- a pending row's `due_at` is its `received_at`;
+- a row with `settled_at` has `due_at == settled_at`;
+- `exhausted_at` is set only on `abandoned` rows, which no statement moves to another state.
 """
 
 from __future__ import annotations

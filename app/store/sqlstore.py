@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Table, inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import StaticPool
 
 from app.store import queries, validate
 from app.store.engine import SQLITE_BEGIN, create_store_engine, translated_errors
@@ -95,6 +96,9 @@ class SqlUpdateStore:
         self._write_lock: AbstractAsyncContextManager[Any] = (
             asyncio.Lock() if self._sqlite else nullcontext()
         )
+        # An in-memory database is one shared connection: a read must not overlap a write on it.
+        shared = isinstance(engine.pool, StaticPool)
+        self._read_lock = self._write_lock if shared else nullcontext()
         # PostgreSQL: one statement is its own transaction; no BEGIN/COMMIT round trips.
         if self._sqlite:
             self._single = engine
@@ -139,14 +143,16 @@ class SqlUpdateStore:
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
         with translated_errors(self.table.name):
-            async with self._reader.connect() as connection:
+            async with self._read_lock, self._reader.connect() as connection:
                 yield connection
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """A write transaction for the caller's own statements in this database, committed on
         exit. Pass it to `owns(..., connection=)` to make the check and a domain write atomic;
-        on SQLite it holds the write lock from its start."""
+        on SQLite it holds the write lock from its start. Call no other store method inside
+        it: they would wait for this very transaction. Database errors raised inside it,
+        the caller's own included, arrive as store errors."""
         with translated_errors(self.table.name):
             async with self._write_lock, self.engine.begin() as connection:
                 yield connection
@@ -173,20 +179,9 @@ class SqlUpdateStore:
                 raise ValueError(f"row {row!r} is not a NewUpdate")
         if not rows:
             return set()
-        params = [
-            queries.add_row(
-                bot=row.bot,
-                update_id=row.update_id,
-                body=row.body,
-                received_at=row.received_at,
-                update_type=row.update_type,
-                queue_key=row.queue_key,
-            )
-            for row in rows
-        ]
-        statement = queries.add(self.table, self._dialect)
+        statement, params = queries.add(self.table, self._dialect, rows)
         async with self._write() as connection:
-            result = await connection.execute(statement, params if len(params) > 1 else params[0])
+            result = await connection.execute(statement, params)
             return {(bot, update_id) for bot, update_id in result.all()}
 
     async def claim(
@@ -199,7 +194,7 @@ class SqlUpdateStore:
         max_attempts: int,
         durable_exhaustion: bool = False,
     ) -> int | None:
-        if durable_exhaustion:
+        if validate.flag("durable_exhaustion", durable_exhaustion):
             self.require("durable", "claim(durable_exhaustion=True)")
         now, lease_until = _lease(now, lease_until)
         statement = queries.claim(
@@ -208,7 +203,7 @@ class SqlUpdateStore:
             update_id=validate.update_id(update_id),
             now=now,
             lease_until=lease_until,
-            max_attempts=validate.positive("max_attempts", max_attempts),
+            max_attempts=validate.attempts("max_attempts", max_attempts),
             durable_exhaustion=durable_exhaustion,
         )
         async with self._write() as connection:
@@ -222,7 +217,7 @@ class SqlUpdateStore:
             self.table,
             bot=validate.bot_name(bot),
             update_id=validate.update_id(update_id),
-            attempt=validate.positive("attempt", attempt),
+            attempt=validate.attempts("attempt", attempt),
             lease_until=validate.millis("lease_until", lease_until),
             now=None if now is None else validate.millis("now", now),
         )
@@ -234,7 +229,7 @@ class SqlUpdateStore:
             self.table,
             bot=validate.bot_name(bot),
             update_id=validate.update_id(update_id),
-            attempt=validate.positive("attempt", attempt),
+            attempt=validate.attempts("attempt", attempt),
             settlement=_settlement(settlement),
         )
         async with self._write() as connection:
@@ -268,7 +263,8 @@ class SqlUpdateStore:
         max_attempts: int,
         durable_exhaustion: bool = False,
     ) -> ClaimIdentity | None:
-        self.require("durable" if durable_exhaustion else "fenced", "claim_owned")
+        durable = validate.flag("durable_exhaustion", durable_exhaustion)
+        self.require("durable" if durable else "fenced", "claim_owned")
         now, lease_until = _lease(now, lease_until)
         statement = queries.claim_owned(
             self.table,
@@ -276,7 +272,7 @@ class SqlUpdateStore:
             update_id=validate.update_id(update_id),
             now=now,
             lease_until=lease_until,
-            max_attempts=validate.positive("max_attempts", max_attempts),
+            max_attempts=validate.attempts("max_attempts", max_attempts),
             durable_exhaustion=durable_exhaustion,
         )
         async with self._write() as connection:
@@ -296,7 +292,8 @@ class SqlUpdateStore:
         bots: Sequence[str] | None = None,
         durable_exhaustion: bool = False,
     ) -> list[Claimed]:
-        self.require("durable" if durable_exhaustion else "fenced", "claim_next_owned")
+        durable = validate.flag("durable_exhaustion", durable_exhaustion)
+        self.require("durable" if durable else "fenced", "claim_next_owned")
         now, lease_until = _lease(now, lease_until)
         if ordering not in ("chat", "none"):
             raise ValueError(f"ordering {ordering!r} is not 'chat' or 'none'")
@@ -307,7 +304,7 @@ class SqlUpdateStore:
             self.table,
             now=now,
             lease_until=lease_until,
-            max_attempts=validate.positive("max_attempts", max_attempts),
+            max_attempts=validate.attempts("max_attempts", max_attempts),
             limit=validate.positive("limit", limit),
             ordering=ordering,
             bots=names,
@@ -352,13 +349,15 @@ class SqlUpdateStore:
     ) -> int | None:
         """`owns`, answering with the lease's expiry (epoch ms) instead of True."""
         self.require("fenced", "owns")
-        statement = queries.owns(
-            self.table, identity=_identity(identity), at=validate.millis("at", at), lock=True
-        )
+        identity, at = _identity(identity), validate.millis("at", at)
         if connection is not None:
+            # Inside the caller's transaction: hold the row until it commits.
+            statement = queries.owns(self.table, identity=identity, at=at, lock=True)
             with translated_errors(self.table.name):
                 row = (await connection.execute(statement)).first()
         else:
+            # A bare answer: locking would release at once, and only wait behind other holders.
+            statement = queries.owns(self.table, identity=identity, at=at, lock=False)
             async with self._read() as own:
                 row = (await own.execute(statement)).first()
         return None if row is None else int(row.due_at)

@@ -28,7 +28,7 @@ class ClaimIdentity:
     def __post_init__(self) -> None:
         validate.bot_name(self.bot)
         validate.update_id(self.update_id)
-        validate.positive("attempt", self.attempt)
+        validate.attempts("attempt", self.attempt)
         if not isinstance(self.claim_id, str) or not self.claim_id:
             raise ValueError(f"claim_id {self.claim_id!r} is not a non-empty string")
 
@@ -118,7 +118,7 @@ class NewUpdate:
     def __post_init__(self) -> None:
         validate.bot_name(self.bot)
         validate.update_id(self.update_id)
-        validate.text("body", self.body)
+        validate.body(self.body)
         validate.millis("received_at", self.received_at)
         validate.optional_text("update_type", self.update_type)
         validate.optional_text("queue_key", self.queue_key)

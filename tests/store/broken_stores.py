@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import select, update
 
-from app.store import ClaimIdentity, Settlement, SqlUpdateStore, queries
+from app.store import Claimed, ClaimIdentity, Settlement, SqlUpdateStore, queries
 
 
 class RenewIgnoresClaimId(SqlUpdateStore):
@@ -140,4 +141,53 @@ class SettleManyIgnoresClaimId(SqlUpdateStore):
 
 CONTROLS[SettleManyIgnoresClaimId] = (
     "a batch settle applies each settlement only for its exact live identity"
+)
+
+
+class SettleOwnedIgnoresAttempt(SqlUpdateStore):
+    async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
+        t = self.table
+        statement = (
+            update(t)
+            .where(
+                t.c.bot == identity.bot,
+                t.c.update_id == identity.update_id,
+                t.c.claim_id == identity.claim_id,
+                t.c.state == "processing",
+                t.c.due_at >= settlement.at,
+            )
+            .values(queries._settle_values(settlement))
+            .returning(t.c.state)
+        )
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+
+class ExhaustMakesTheRowPrunable(SqlUpdateStore):
+    """Records the exhaustion as settled, so the next prune deletes it unacknowledged."""
+
+    async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
+        t = self.table
+        statement = queries.exhaust(t, identity=identity, at=at, error=error).values(settled_at=at)
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+
+class ClaimNextIgnoresBots(SqlUpdateStore):
+    async def claim_next_owned(self, **arguments: Any) -> list[Claimed]:  # type: ignore[override]
+        return await super().claim_next_owned(**{**arguments, "bots": None})
+
+
+class ClaimNextIgnoresLimit(SqlUpdateStore):
+    async def claim_next_owned(self, **arguments: Any) -> list[Claimed]:  # type: ignore[override]
+        return await super().claim_next_owned(**{**arguments, "limit": 1000})
+
+
+CONTROLS[SettleOwnedIgnoresAttempt] = "an attempt fence expires and never adopts a later claim"
+CONTROLS[ExhaustMakesTheRowPrunable] = "exhaust takes only the exact live claim and keeps its error"
+CONTROLS[ClaimNextIgnoresBots] = (
+    "claim_next_owned: concurrent callers take disjoint sets covering every due row"
+)
+CONTROLS[ClaimNextIgnoresLimit] = (
+    "claim_next_owned: concurrent callers take disjoint sets covering every due row"
 )

@@ -185,10 +185,28 @@ async def test_downgrade_to_0001_and_back(storage: Storage) -> None:
     assert current_revision(url) is None
 
 
+async def test_downgrade_below_0002_refuses_to_lose_an_open_exhaustion(storage: Storage) -> None:
+    url = storage.url("head")
+    open_exhaustion = {"claim_id": "c-e", "exhausted_at": NOW - 50, "acknowledged_at": None}
+    _insert(url, [ROWS[4] | open_exhaustion])
+
+    with pytest.raises(RuntimeError, match="1 unacknowledged exhaustions"):
+        downgrade(url, "0001")
+
+    assert current_revision(url) == "0002"
+    assert _rows(url, NEW_COLUMNS) == [("c-e", NOW - 50, None)]
+
+
+IDENTITY = ClaimIdentity("bot-a", 1, 1, "c")
 FENCED: Mapping[str, Callable[[SqlUpdateStore], Any]] = {
     "claim_owned": lambda store: store.claim_owned("bot-a", 1, **LEASE),
     "claim_next_owned": lambda store: store.claim_next_owned(limit=10, **LEASE),
-    "exhaust": lambda store: store.exhaust(ClaimIdentity("bot-a", 1, 1, "c"), NOW, "boom"),
+    "exhaust": lambda store: store.exhaust(IDENTITY, NOW, "boom"),
+    "renew_owned": lambda store: store.renew_owned(IDENTITY, NOW + 1),
+    "owns": lambda store: store.owns(IDENTITY, NOW),
+    "settle_owned": lambda store: store.settle_owned(IDENTITY, Completed(NOW)),
+    "settle_many_owned": lambda store: store.settle_many_owned([(IDENTITY, Completed(NOW))]),
+    "acknowledge_exhaustion": lambda store: store.acknowledge_exhaustion(IDENTITY, NOW),
     "due_exhaustions": lambda store: store.due_exhaustions(limit=10),
     "claim_durable": lambda store: store.claim("bot-a", 1, durable_exhaustion=True, **LEASE),
 }

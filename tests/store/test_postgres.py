@@ -95,7 +95,7 @@ async def test_owns_function_answers_from_the_database_clock(postgres_storage: S
     url = postgres_storage.url()
     store = await open_store(url)
     try:
-        identity = await _claimed(store, lease_ms=300)
+        identity = await _claimed(store, lease_ms=1_000)
         with psycopg.connect(_libpq(url), autocommit=True) as connection:
 
             def owns(bot: str, update_id: int, attempt: int, claim_id: str) -> bool:
@@ -111,7 +111,7 @@ async def test_owns_function_answers_from_the_database_clock(postgres_storage: S
             assert owns("shop", 1, identity.attempt + 1, identity.claim_id) is False
             assert owns("shop", 2, identity.attempt, identity.claim_id) is False
             assert owns("other", 1, identity.attempt, identity.claim_id) is False
-            await asyncio.sleep(0.4)  # the lease lapses by the database's clock
+            await asyncio.sleep(1.1)  # the lease lapses by the database's clock
             assert owns("shop", 1, identity.attempt, identity.claim_id) is False
             now = _now()
             later = await store.claim_owned(
@@ -131,7 +131,7 @@ async def test_owns_in_a_transaction_holds_off_a_reclaim_until_commit(
     url = postgres_storage.url()
     store, rival = await _stores(url, 2)
     try:
-        identity = await _claimed(store, lease_ms=150)
+        identity = await _claimed(store, lease_ms=2_000)
         hold = 0.4
         async with store.transaction() as connection:
             if check == "sql function":
@@ -145,7 +145,7 @@ async def test_owns_in_a_transaction_holds_off_a_reclaim_until_commit(
             started = time.monotonic()
             reclaim = asyncio.create_task(
                 rival.claim_owned(
-                    "shop", 1, now=_now() + 1_000, lease_until=_now() + 60_000, max_attempts=3
+                    "shop", 1, now=_now() + 5_000, lease_until=_now() + 60_000, max_attempts=3
                 )
             )
             await asyncio.sleep(hold)
@@ -184,5 +184,22 @@ async def test_store_recovers_by_itself_when_its_connections_are_killed(
         assert failures <= 1  # one statement meets the dead pool; it is then replaced whole
         due = await store.due(now=1, pending_before=1, limit=100)
         assert len(due) == 18 - failures
+    finally:
+        await store.close()
+
+
+async def test_owns_function_finds_its_table_from_any_search_path(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    url = postgres_storage.url()
+    schema = make_url(url).query["options"].removeprefix("-csearch_path=")
+    store = await open_store(url)
+    try:
+        identity = await _claimed(store, lease_ms=60_000)
+        row = postgres_admin.execute(  # the admin connection's search_path is the default
+            f"SELECT {schema}.telegram_intake_owns(%s, %s, %s, %s)",
+            ("shop", 1, identity.attempt, identity.claim_id),
+        ).fetchone()
+        assert row == (True,)
     finally:
         await store.close()

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.store import ClaimIdentity, Completed, SqlUpdateStore, open_store, queries
+from app.store import ClaimIdentity, Completed, NewUpdate, SqlUpdateStore, open_store, queries
 from tests.conftest import Storage
 from tests.store.big_table import NOW, fill
 
@@ -21,16 +21,7 @@ IDENTITY = ClaimIdentity("shop", 1_000_002, 1, "0f0e0d0c-0b0a-4908-8706-05040302
 def statements(store: SqlUpdateStore) -> dict[str, Any]:
     t = store.table
     return {
-        "add": queries.add(t, store.dialect).values(
-            queries.add_row(
-                bot="shop",
-                update_id=5,
-                body="{}",
-                received_at=NOW,
-                update_type=None,
-                queue_key=None,
-            )
-        ),
+        "add": queries.add(t, store.dialect, [NewUpdate("shop", 5, "{}", NOW)]),
         "claim": queries.claim(
             t,
             bot="shop",
@@ -81,14 +72,23 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
 
 
 async def explain(connection: AsyncConnection, store: SqlUpdateStore, statement: Any) -> list[str]:
-    """The plan, one line per node, of `statement` with its values inlined."""
-    sql = str(
-        statement.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True})
-    )
+    """The plan, one line per node, of `statement`: a statement with its values inlined, or a
+    (statement, parameters) pair as the store executes it."""
+    statement, params = statement if isinstance(statement, tuple) else (statement, None)
+    if params is None:
+        compiled = statement.compile(
+            dialect=store.engine.dialect, compile_kwargs={"literal_binds": True}
+        )
+        sql, args = str(compiled), None
+    else:
+        compiled = statement.compile(dialect=store.engine.dialect)
+        values = {**compiled.params, **params}
+        sql = compiled.string
+        args = tuple(values[k] for k in compiled.positiontup) if compiled.positiontup else values
     if store.dialect == "sqlite":
-        rows = (await connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")).all()
+        rows = (await connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", args)).all()
         return [str(row[-1]) for row in rows]
-    plan = (await connection.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}")).scalar()
+    plan = (await connection.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}", args)).scalar()
     lines: list[str] = []
 
     def walk(node: dict[str, Any]) -> None:

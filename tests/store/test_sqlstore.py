@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from app.store import (
     open_store,
 )
 from app.store.engine import normalise_url
+from app.store.migrate import upgrade
 from tests.conftest import Storage
 
 GOOD = {"bot": "shop", "update_id": 7, "body": '{"update_id": 7}', "received_at": 0}
@@ -51,12 +53,33 @@ async def test_add_rejects_bad_input_naming_it_and_writes_nothing(
 
 
 @pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ('{"update_id": 7, "text": "a\x00b"}', "NUL character"),
+        ('{"update_id": 7, "text": "\ud800"}', "not valid UTF-8"),
+    ],
+)
+async def test_add_rejects_a_body_a_backend_cannot_store(
+    storage: Storage, body: str, named: str
+) -> None:
+    store = await open_store(storage.url())
+    try:
+        with pytest.raises(ValueError, match=named):
+            await store.add(**{**GOOD, "body": body})
+        assert await store.due(now=1, pending_before=1, limit=10) == []
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
     ("arguments", "named"),
     [
         ({"now": 10, "lease_until": 10}, "lease_until 10"),
         ({"now": 10, "lease_until": 5}, "lease_until 5"),
         ({"max_attempts": 0}, "max_attempts 0"),
         ({"max_attempts": -2}, "max_attempts -2"),
+        ({"max_attempts": 2**31}, "max_attempts 2147483648"),
+        ({"durable_exhaustion": 1}, "durable_exhaustion 1"),
         ({"now": 10.5}, "now 10.5"),
         ({"update_id": -3}, "update_id -3"),
     ],
@@ -122,7 +145,7 @@ async def test_transitions_reject_bad_arguments_before_any_statement(storage: St
         await store.close()
 
 
-@pytest.mark.parametrize("table", ["Updates", "1updates", "updates; DROP TABLE x", "a" * 49, ""])
+@pytest.mark.parametrize("table", ["Updates", "1updates", "updates; DROP TABLE x", "a" * 41, ""])
 async def test_open_store_rejects_a_bad_table_name(storage: Storage, table: str) -> None:
     with pytest.raises(ValueError, match="table name"):
         await open_store(storage.url(), table=table)
@@ -165,5 +188,34 @@ async def test_sqlite_store_uses_wal_and_full_sync(sqlite_storage: Storage) -> N
             mode = (await connection.exec_driver_sql("PRAGMA journal_mode")).scalar()
             sync = (await connection.exec_driver_sql("PRAGMA synchronous")).scalar()
         assert (mode, sync) == ("wal", 2)  # 2 is FULL
+    finally:
+        await store.close()
+
+
+async def test_the_longest_table_name_migrates_and_serves(storage: Storage) -> None:
+    table = "t" * 40  # every name derived from it fits PostgreSQL's 63 characters
+    url = storage.url(revision=None)
+    upgrade(url, table=table)
+    store = await open_store(url, table=table)
+    try:
+        assert store.capability == "durable"
+        assert await store.add("shop", 1, "{}", 0)
+        assert await store.claim_owned("shop", 1, now=1, lease_until=2, max_attempts=1)
+    finally:
+        await store.close()
+
+
+async def test_sqlite_file_uri_serves_reads_beside_writes(sqlite_storage: Storage) -> None:
+    path = sqlite_storage.url(revision=None).removeprefix("sqlite+aiosqlite:///")
+    url = f"sqlite+aiosqlite:///file:{path}?mode=rwc&uri=true"
+    upgrade(url)
+    store = await open_store(url)
+    try:
+        for update_id in range(20):
+            await asyncio.gather(
+                store.add("shop", update_id, "{}", 0),
+                store.due(now=1, pending_before=1, limit=100),
+            )
+        assert len(await store.due(now=1, pending_before=1, limit=100)) == 20
     finally:
         await store.close()
