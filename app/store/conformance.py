@@ -242,14 +242,24 @@ async def _renew_never_shortens(store: UpdateStore, f: _Findings) -> None:
 # -- fenced ----------------------------------------------------------------------------------
 
 
-@_rule("a claim returns a fresh identity", "fenced")
-async def _fresh_identity(store: FencedUpdateStore, f: _Findings) -> None:
+async def _two_claims(
+    store: FencedUpdateStore, f: _Findings
+) -> tuple[ClaimIdentity, ClaimIdentity] | None:
+    """Record update 1 and claim it twice around a lapse: leases until 100, then until 200."""
     await _record(store, 1)
     first = await store.claim_owned(BOT, 1, now=10, lease_until=100, max_attempts=3)
     second = await store.claim_owned(BOT, 1, now=101, lease_until=200, max_attempts=3)
     if first is None or second is None:
         f.expect(False, f"claims around a lapse gave {first!r} and {second!r}")
+        return None
+    return first, second
+
+
+@_rule("a claim returns a fresh identity", "fenced")
+async def _fresh_identity(store: FencedUpdateStore, f: _Findings) -> None:
+    if (claims := await _two_claims(store, f)) is None:
         return
+    first, second = claims
     f.equal((first.bot, first.update_id, first.attempt), (BOT, 1, 1), "first identity")
     f.equal(second.attempt, 2, "second attempt")
     f.expect(first.claim_id != second.claim_id, "two claims share a claim_id")
@@ -297,12 +307,9 @@ async def _fence(store: FencedUpdateStore, f: _Findings) -> None:
 
 @_rule("only the attempt holding the update renews or settles it (fenced)", "fenced")
 async def _holder_only_fenced(store: FencedUpdateStore, f: _Findings) -> None:
-    await _record(store, 1)
-    stale = await store.claim_owned(BOT, 1, now=10, lease_until=100, max_attempts=3)
-    fresh = await store.claim_owned(BOT, 1, now=101, lease_until=200, max_attempts=3)
-    if stale is None or fresh is None:
-        f.expect(False, f"claims around a lapse gave {stale!r} and {fresh!r}")
+    if (claims := await _two_claims(store, f)) is None:
         return
+    stale, fresh = claims
     f.equal(await store.renew_owned(stale, 300), False, "renew_owned by the stale attempt")
     f.equal(await store.settle_owned(stale, Completed(150)), False, "settle by the stale attempt")
     f.equal(await store.owns(fresh, 150), True, "owns by the holder after the stale settle")

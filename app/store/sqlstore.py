@@ -15,6 +15,7 @@ from sqlalchemy import Table, inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.expression import Executable
 
 from app.store import queries, validate
 from app.store.engine import SQLITE_BEGIN, create_store_engine, translated_errors
@@ -140,6 +141,11 @@ class SqlUpdateStore:
             async with self._write_lock, self._single.begin() as connection:
                 yield connection
 
+    async def _changed(self, statement: Executable) -> bool:
+        """Run one transition in its own write transaction; whether it matched a row."""
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
         with translated_errors(self.table.name):
@@ -221,8 +227,7 @@ class SqlUpdateStore:
             lease_until=validate.millis("lease_until", lease_until),
             now=None if now is None else validate.millis("now", now),
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
     async def settle(self, bot: str, update_id: int, attempt: int, settlement: Settlement) -> None:
         statement = queries.settle(
@@ -232,8 +237,7 @@ class SqlUpdateStore:
             attempt=validate.attempts("attempt", attempt),
             settlement=_settlement(settlement),
         )
-        async with self._write() as connection:
-            await connection.execute(statement)
+        await self._changed(statement)
 
     async def due(self, *, now: int, pending_before: int, limit: int) -> list[DueUpdate]:
         statement = queries.due(
@@ -336,8 +340,7 @@ class SqlUpdateStore:
             lease_until=validate.millis("lease_until", lease_until),
             now=None if now is None else validate.millis("now", now),
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
     async def owns(
         self, identity: ClaimIdentity, at: int, *, connection: AsyncConnection | None = None
@@ -367,8 +370,7 @@ class SqlUpdateStore:
         statement = queries.settle_owned(
             self.table, identity=_identity(identity), settlement=_settlement(settlement)
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
     async def settle_many_owned(
         self, items: Sequence[tuple[ClaimIdentity, Settlement]]
@@ -408,8 +410,7 @@ class SqlUpdateStore:
             at=validate.millis("at", at),
             error=validate.text("error", error),
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
     async def due_exhaustions(
         self,
@@ -446,8 +447,7 @@ class SqlUpdateStore:
         statement = queries.acknowledge_exhaustion(
             self.table, identity=_identity(identity), at=validate.millis("at", at)
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
 
 async def read_capability(engine: AsyncEngine, table: str) -> Capability:

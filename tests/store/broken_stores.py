@@ -32,8 +32,7 @@ class SettleOwnedIgnoresClaimId(SqlUpdateStore):
             attempt=identity.attempt,
             settlement=settlement,
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
 
 class ExhaustIgnoresClaimId(SqlUpdateStore):
@@ -51,8 +50,7 @@ class ExhaustIgnoresClaimId(SqlUpdateStore):
             .values(state="abandoned", exhausted_at=at, settled_at=None, error=error)
             .returning(t.c.state)
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
 
 class AcknowledgeIgnoresClaimId(SqlUpdateStore):
@@ -70,8 +68,7 @@ class AcknowledgeIgnoresClaimId(SqlUpdateStore):
             .values(acknowledged_at=at, settled_at=at, due_at=at)
             .returning(t.c.state)
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
 
 class ClaimReadsThenWrites(SqlUpdateStore):
@@ -134,8 +131,7 @@ class SettleManyIgnoresClaimId(SqlUpdateStore):
                 attempt=identity.attempt,
                 settlement=settlement,
             )
-            async with self._write() as connection:
-                results.append((await connection.execute(statement)).first() is not None)
+            results.append(await self._changed(statement))
         return results
 
 
@@ -159,8 +155,7 @@ class SettleOwnedIgnoresAttempt(SqlUpdateStore):
             .values(queries._settle_values(settlement))
             .returning(t.c.state)
         )
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
 
 class ExhaustMakesTheRowPrunable(SqlUpdateStore):
@@ -169,8 +164,7 @@ class ExhaustMakesTheRowPrunable(SqlUpdateStore):
     async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
         t = self.table
         statement = queries.exhaust(t, identity=identity, at=at, error=error).values(settled_at=at)
-        async with self._write() as connection:
-            return (await connection.execute(statement)).first() is not None
+        return await self._changed(statement)
 
 
 class ClaimNextIgnoresBots(SqlUpdateStore):
