@@ -7,6 +7,8 @@ writers never deadlock upgrading read locks. PostgreSQL: psycopg 3, pooled.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,7 +56,7 @@ def _configure_sqlite(sync_engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _use_wal(cursor)
         cursor.execute("PRAGMA synchronous = FULL")
         cursor.close()
 
@@ -62,6 +64,23 @@ def _configure_sqlite(sync_engine: Engine) -> None:
     def _on_begin(connection: Any) -> None:
         mode = connection.get_execution_options().get(SQLITE_BEGIN, "IMMEDIATE")
         connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _use_wal(cursor: Any) -> None:
+    """Switch the file to WAL (it stays so). The switch needs the file to itself and answers
+    "database is locked" at once, busy timeout or not, while another process opens the same new
+    file: retry it within the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def _sqlite_options(url: URL) -> dict[str, Any]:

@@ -304,7 +304,9 @@ def _race(url: str, gate_dir: Path, processes: int = 4) -> None:
         time.sleep(0.01)
     gate.touch()
 
-    assert [_finish(racer).strip() for racer in racers] == ["durable"] * processes
+    outcomes = [(racer.communicate(timeout=60), racer.returncode) for racer in racers]
+    assert [code for _, code in outcomes] == [0] * processes, [err for (_, err), _ in outcomes]
+    assert [out.strip() for (out, _), _ in outcomes] == ["durable"] * processes
     with _connect(url) as connection:
         versions = connection.execute(text(f"SELECT * FROM {version_table_name(TABLE)}"))
         assert [tuple(row) for row in versions] == [("0002",)]
