@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import uvicorn
+from pydantic import SecretStr, ValidationError
 
-from app.config import Settings
+from app.config import BotSettings, Settings, describe
 from app.store import migrate
 from app.store.engine import normalise_url
+
+Handler = Callable[[Settings, argparse.Namespace], int]
 
 
 def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
@@ -20,43 +24,84 @@ def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(settings: Settings, args: argparse.Namespace) -> int:
+def _demo(settings: Settings, args: argparse.Namespace) -> Settings:
+    """Bot `default` with a fresh secret, printed once with a ready curl line."""
+    secret = secrets.token_urlsafe(24)
+    bot = BotSettings(name="default", secret_token=SecretStr(secret))
+    url = f"http://{args.host}:{args.port}/telegram/default"
+    print(
+        f"demo: bot 'default', secret token {secret}\n"
+        f"demo: try  curl -s -H 'X-Telegram-Bot-Api-Secret-Token: {secret}' "
+        f'-H \'Content-Type: application/json\' -d \'{{"update_id": 1, "message": '
+        f'{{"message_id": 1, "date": 0, "chat": {{"id": 42, "type": "private"}}, '
+        f'"text": "hello"}}}}\' {url}',
+        flush=True,
+    )
+    return settings.model_copy(update={"bots": (bot,)})
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    if args.demo:
+        settings = _demo(settings, args)
+    if not settings.bots:
+        print(
+            "no bot configured: set INTAKE_SECRET_TOKEN, add [[bots]] to intake.toml, "
+            "or try `telegram-intake run --demo`",
+            file=sys.stderr,
+        )
+        return 2
     if normalise_url(settings.database_url).get_backend_name() == "sqlite":
         # The embedded default migrates itself; PostgreSQL is migrated by the operator.
         migrate.upgrade(settings.database_url, table=settings.table)
     from app.main import create_app
 
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    uvicorn.run(
+        create_app(settings), host=args.host, port=args.port, log_level="info", access_log=False
+    )
     return 0
 
 
 def build_parser(settings: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="telegram-intake",
-        description="Durable webhook intake for Telegram bots.",
+        prog="telegram-intake", description="Durable webhook intake for Telegram bots."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = commands.add_parser(
-        "run",
-        help="serve the intake (SQLite databases are migrated at start)",
-        description="Serve the intake. Example: telegram-intake run --port 8080",
-    )
-    run.add_argument("--host", default=settings.host, help="address to listen on")
-    run.add_argument("--port", type=int, default=settings.port, help="port to listen on")
-    run.set_defaults(handler=_run)
-    migrate_parser = commands.add_parser(
+    for name, summary in (
+        ("run", "serve the intake in one process (SQLite is migrated at start)"),
+        ("serve", "serve the intake and API only"),
+    ):
+        command = commands.add_parser(
+            name,
+            help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}. "
+            f"Example: telegram-intake {name} --port 8080",
+        )
+        command.add_argument("--host", default=settings.host, help="address to listen on")
+        command.add_argument("--port", type=int, default=settings.port, help="port to listen on")
+        command.add_argument(
+            "--demo",
+            action="store_true",
+            help="no configuration needed: bot 'default' with a generated secret, SQLite",
+        )
+        command.set_defaults(handler=_serve)
+    migrate_command = commands.add_parser(
         "migrate",
         help="migrate the database to the latest revision (= alembic upgrade head)",
         description="Example: INTAKE_DATABASE_URL=postgresql://db/intake telegram-intake migrate",
     )
-    migrate_parser.set_defaults(handler=_migrate)
+    migrate_command.set_defaults(handler=_migrate)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as error:
+        print(describe(error), file=sys.stderr)
+        return 2
     args = build_parser(settings).parse_args(argv)
-    return int(args.handler(settings, args))
+    handler: Handler = args.handler
+    return handler(settings, args)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,133 @@
-"""Service settings: one pydantic-settings class, validated at start-up, `INTAKE_` environment."""
+"""Service settings: one pydantic-settings class, validated at start-up.
+
+Sources, strongest first: `INTAKE_*` environment variables, then the TOML file named by
+`INTAKE_CONFIG` (default `./intake.toml` when present), then the defaults below. The file holds
+one `[[bots]]` table per bot; without it, one bot named `default` comes from the environment
+(`INTAKE_SECRET_TOKEN`, `INTAKE_DOWNSTREAM_URL`, ...). Secrets are `SecretStr`: never printed.
+"""
 
 from __future__ import annotations
 
-from pydantic import field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from app.store import validate
 from app.store.engine import normalise_url
 from app.store.schema import DEFAULT_TABLE
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/intake.db"
+DEFAULT_CONFIG_FILE = "intake.toml"
+# Telegram's published webhook source ranges (core.telegram.org/bots/webhooks).
+TELEGRAM_SOURCES = ("149.154.160.0/20", "91.108.4.0/22")
+# What setWebhook accepts as secret_token: 1-256 of A-Z, a-z, 0-9, _ and -.
+SECRET_TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,256}$"  # noqa: S105 - a shape, not a secret
+
+Mode = Literal["plain", "fenced", "durable"]
+Networks = Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], NoDecode]
+
+
+class BotSettings(BaseModel):
+    """One bot: how Telegram reaches it here, and where its updates go."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    secret_token: SecretStr
+    bot_token: SecretStr | None = None
+    downstream_url: AnyHttpUrl | None = None
+    downstream_secret_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+    exhaustion_url: AnyHttpUrl | None = None
+    mode: Mode = "durable"
+    max_attempts: int = Field(8, ge=1, le=1000)
+    lease_seconds: float = Field(60, gt=0, le=86_400)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        return validate.bot_name(value)
+
+    @field_validator("secret_token", "downstream_secret_token")
+    @classmethod
+    def _check_secret_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(SECRET_TOKEN_PATTERN, value.get_secret_value()):
+            raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and - (as setWebhook)")
+        return value
+
+
+# The per-bot settings that the environment gives the `default` bot when no file has [[bots]].
+_DEFAULT_BOT_FIELDS = tuple(name for name in BotSettings.model_fields if name != "name")
 
 
 class Settings(BaseSettings):
-    """Everything the service reads from its environment."""
+    """Everything the service reads from its environment and configuration file."""
 
     model_config = SettingsConfigDict(env_prefix="INTAKE_", extra="ignore")
 
     database_url: str = DEFAULT_DATABASE_URL
     table: str = DEFAULT_TABLE
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = Field(8080, ge=0, le=65535)
+
+    bots: tuple[BotSettings, ...] = ()
+    # The `default` bot, from the environment, when the file names no bots.
+    secret_token: SecretStr | None = None
+    bot_token: SecretStr | None = None
+    downstream_url: AnyHttpUrl | None = None
+    downstream_secret_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+    exhaustion_url: AnyHttpUrl | None = None
+    mode: Mode = "durable"
+    max_attempts: int = 8
+    lease_seconds: float = 60
+
+    # Intake.
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
+    allowed_sources: Networks = ()  # empty: any source; "telegram" names Telegram's ranges
+    trusted_proxies: Networks = ()  # X-Forwarded-For is read only from these peers
+    commit_batch_max: int = Field(500, ge=1, le=10_000)
+    commit_wait_ms: float = Field(0, ge=0, le=1_000)
+    commit_timeout_ms: float = Field(5_000, gt=0, le=120_000)
+    retry_after_seconds: int = Field(5, ge=1, le=3600)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        named = os.environ.get("INTAKE_CONFIG")
+        path = Path(named or DEFAULT_CONFIG_FILE)
+        if named and not path.is_file():
+            raise FileNotFoundError(f"INTAKE_CONFIG names {path}, which is not a file")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path.is_file():
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
 
     @field_validator("database_url")
     @classmethod
@@ -31,3 +138,38 @@ class Settings(BaseSettings):
     @classmethod
     def _check_table(cls, value: str) -> str:
         return validate.table_name(value)
+
+    @field_validator("allowed_sources", "trusted_proxies", mode="before")
+    @classmethod
+    def _parse_networks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple):
+            expanded: list[Any] = []
+            for item in value:
+                expanded += TELEGRAM_SOURCES if item == "telegram" else [item]
+            return tuple(ipaddress.ip_network(item, strict=False) for item in expanded)
+        return value
+
+    @model_validator(mode="after")
+    def _default_bot(self) -> Settings:
+        if not self.bots and self.secret_token is not None:
+            fields = {name: getattr(self, name) for name in _DEFAULT_BOT_FIELDS}
+            object.__setattr__(self, "bots", (BotSettings(name="default", **fields),))
+        names = [bot.name for bot in self.bots]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"bots: names {duplicated} appear more than once")
+        return self
+
+    def bot(self, name: str) -> BotSettings | None:
+        return next((bot for bot in self.bots if bot.name == name), None)
+
+
+def describe(error: ValidationError) -> str:
+    """One line per invalid field, naming it, for a start-up failure message."""
+    lines = []
+    for problem in error.errors():
+        field = ".".join(str(part) for part in problem["loc"]) or "settings"
+        lines.append(f"{field}: {problem['msg']}")
+    return "invalid configuration: " + "; ".join(lines)

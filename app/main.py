@@ -1,4 +1,4 @@
-"""The application: an app factory whose lifespan opens the store and closes it."""
+"""The application: an app factory whose lifespan opens the store and starts the intake."""
 
 from __future__ import annotations
 
@@ -12,23 +12,56 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app import __version__
 from app.config import Settings
-from app.store import SqlUpdateStore, open_store
+from app.intake.committer import GroupCommitter
+from app.intake.route import Intake
+from app.intake.route import router as intake_router
+from app.store import SchemaError, SqlUpdateStore, open_store
+from app.store.errors import UPGRADE_HINT
+
+# A bot's mode needs this capability of the table (ADR 0256 decision 1).
+NEEDS = {"plain": "base", "fenced": "fenced", "durable": "durable"}
+LEVELS = ("base", "fenced", "durable")
+
+
+def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
+    """Refuse to serve a bot whose mode the live schema cannot carry."""
+    for bot in settings.bots:
+        needed = NEEDS[bot.mode]
+        if LEVELS.index(store.capability) < LEVELS.index(needed):
+            raise SchemaError(
+                f"bot {bot.name!r} runs in {bot.mode} mode, which needs a {needed} table; "
+                f"the table is {store.capability}: {UPGRADE_HINT}"
+            )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """Assemble the service; the store opens when the app starts and closes when it stops."""
+    """Assemble the service. The store opens when the app starts and closes when it stops."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await open_store(settings.database_url, table=settings.table)
-        app.state.store = store
         try:
-            yield
+            check_capability(settings, store)
+            committer = GroupCommitter(
+                store,
+                max_batch=settings.commit_batch_max,
+                max_wait=settings.commit_wait_ms / 1000,
+                timeout=settings.commit_timeout_ms / 1000,
+                flushers=1 if store.dialect == "sqlite" else 2,
+            )
+            await committer.start()
+            app.state.store = store
+            app.state.intake = Intake(settings, committer)
+            try:
+                yield
+            finally:
+                await committer.stop()
         finally:
             await store.close()
 
     app = FastAPI(title="telegram-intake", version=__version__, lifespan=lifespan)
+    app.include_router(intake_router)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
@@ -37,13 +70,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/readyz", tags=["operations"])
     async def readyz(request: Request) -> JSONResponse:
-        """The database answers and its schema serves the configured level."""
+        """The database answers and its schema serves every configured bot's mode."""
         store: SqlUpdateStore = request.app.state.store
         try:
             async with store.engine.connect() as connection:
                 await connection.execute(text("SELECT 1"))
+            check_capability(settings, store)
+        except SchemaError as error:
+            return JSONResponse({"status": "unavailable", "error": str(error)}, 503)
         except (SQLAlchemyError, OSError) as error:
-            return JSONResponse({"status": "unavailable", "error": type(error).__name__}, 503)
+            problem = f"database unreachable ({type(error).__name__})"
+            return JSONResponse({"status": "unavailable", "error": problem}, 503)
         return JSONResponse({"status": "ready", "capability": store.capability})
 
     return app

@@ -11,11 +11,14 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from app.store.engine import create_sync_engine
 from app.store.migrate import upgrade
 
 POSTGRES_URL = os.environ.get(
@@ -99,3 +102,15 @@ def postgres_storage(tmp_path: Path, postgres_admin: psycopg.Connection) -> Iter
     made = Storage("postgresql", tmp_path, postgres_admin)
     yield made
     made.drop()
+
+
+def table_rows(url: str, *columns: str, table: str = "telegram_updates") -> list[tuple[Any, ...]]:
+    """The table's rows, these columns, in key order (read with a plain synchronous engine)."""
+    engine = create_sync_engine(url)
+    try:
+        with engine.connect() as connection:
+            listed = ", ".join(columns)
+            query = text(f"SELECT {listed} FROM {table} ORDER BY bot, update_id")
+            return [tuple(row) for row in connection.execute(query)]
+    finally:
+        engine.dispose()

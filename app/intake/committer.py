@@ -1,0 +1,103 @@
+"""Group commit: concurrent webhook requests share one INSERT and one commit.
+
+Each request hands its row to `submit` and waits. A flusher takes everything waiting (up to
+`max_batch` rows), records it with one `add_many`, and answers every request of the batch only
+after that commit. While a commit is in flight the next batch gathers by itself, so under load
+batches grow and commits per second stay flat; alone, a request waits for one commit only
+(plus `max_wait`, default 0). A batch that fails or overruns `timeout` fails every request in
+it, which then answers 503: Telegram delivers those updates again, and a row that did commit
+after all is then a duplicate, answered 200 and changed by nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.store import NewUpdate, SqlUpdateStore, StoreUnavailable
+
+
+class CommitFailed(Exception):
+    """The batch holding this request's row was not confirmed committed."""
+
+
+class GroupCommitter:
+    """Batches `add` calls of concurrent requests into shared commits."""
+
+    def __init__(
+        self,
+        store: SqlUpdateStore,
+        *,
+        max_batch: int = 500,
+        max_wait: float = 0.0,
+        timeout: float = 5.0,
+        flushers: int = 1,
+    ) -> None:
+        self._store = store
+        self._max_batch = max_batch
+        self._max_wait = max_wait
+        self._timeout = timeout
+        self._flushers = flushers
+        self._waiting: list[tuple[NewUpdate, asyncio.Future[bool]]] = []
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._flush_forever()) for _ in range(self._flushers)]
+
+    async def stop(self) -> None:
+        """Commit what is waiting, then stop the flushers."""
+        self._closing = True
+        self._wake.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def submit(self, row: NewUpdate) -> bool:
+        """Record `row`; True when it was new, False for a duplicate. Returns only after the
+        commit holding the row; raises CommitFailed when that commit is not confirmed."""
+        if self._closing:
+            raise CommitFailed("the intake is shutting down")
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append((row, future))
+        self._wake.set()
+        return await future
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            if self._max_wait and len(self._waiting) < self._max_batch and not self._closing:
+                await asyncio.sleep(self._max_wait)
+            batch = self._waiting[: self._max_batch]
+            del self._waiting[: self._max_batch]
+            if not self._waiting:
+                self._wake.clear()
+            if batch:
+                await self._commit(batch)
+            elif self._closing:
+                return
+
+    async def _commit(self, batch: list[tuple[NewUpdate, asyncio.Future[bool]]]) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                new = await self._store.add_many([row for row, _ in batch])
+        except (StoreUnavailable, TimeoutError) as error:
+            self._fail(batch, error)
+        except Exception as error:
+            # Something about the rows, not the database: commit them one by one, so that one
+            # bad row fails alone instead of every update that happened to share its batch.
+            if len(batch) == 1:
+                self._fail(batch, error)
+            else:
+                for item in batch:
+                    await self._commit([item])
+        else:
+            for row, future in batch:
+                if not future.done():  # a client that hung up cancelled its future
+                    future.set_result((row.bot, row.update_id) in new)
+
+    @staticmethod
+    def _fail(batch: list[tuple[NewUpdate, asyncio.Future[bool]]], error: Exception) -> None:
+        failure = CommitFailed(f"{type(error).__name__}: {error}")
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(failure)
