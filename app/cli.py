@@ -53,11 +53,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if normalise_url(settings.database_url).get_backend_name() == "sqlite":
         # The embedded default migrates itself; PostgreSQL is migrated by the operator.
         migrate.upgrade(settings.database_url, table=settings.table)
-    from app.main import create_app
+    from app.main import create_app, server_config
 
-    uvicorn.run(
-        create_app(settings), host=args.host, port=args.port, log_level="info", access_log=False
-    )
+    uvicorn.Server(server_config(create_app(settings), host=args.host, port=args.port)).run()
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -32,6 +33,20 @@ def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
                 f"bot {bot.name!r} runs in {bot.mode} mode, which needs a {needed} table; "
                 f"the table is {store.capability}: {UPGRADE_HINT}"
             )
+
+
+def server_config(app: FastAPI, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    """How uvicorn serves the app, for the command line and the tests alike."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        # The intake reads X-Forwarded-For itself, and only from INTAKE_TRUSTED_PROXIES.
+        proxy_headers=False,
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

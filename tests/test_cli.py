@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.store.migrate import current_revision
-from tests.conftest import Storage
+from tests.conftest import Storage, table_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,17 +28,22 @@ def _environment(url: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def running(sqlite_storage: Storage) -> Iterator[tuple[str, str]]:
-    """`telegram-intake run` on an ephemeral port over a fresh SQLite file; (base URL, db URL)."""
+def running(sqlite_storage: Storage) -> Iterator[tuple[str, str, str]]:
+    """`telegram-intake run --demo` on an ephemeral port over a fresh SQLite file;
+    (base URL, database URL, the demo's secret token)."""
     url = sqlite_storage.url(revision=None)
     process = subprocess.Popen(
-        _command("run", "--port", "0"),
+        _command("run", "--demo", "--port", "0"),
         cwd=ROOT,
         env=_environment(url),
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     assert process.stderr is not None
+    assert process.stdout is not None
+    announced = re.search(r"secret token (\S+)", process.stdout.readline())
+    assert announced is not None, "the demo did not print its secret"
     deadline = time.monotonic() + 30
     base = None
     while base is None and time.monotonic() < deadline:
@@ -49,18 +54,45 @@ def running(sqlite_storage: Storage) -> Iterator[tuple[str, str]]:
         base = found.group(1) if found else None
     try:
         assert base is not None, f"the service did not start (exit {process.poll()})"
-        yield base, url
+        yield base, url, announced.group(1)
     finally:
         process.terminate()
         process.wait(timeout=15)
         process.stderr.close()
+        process.stdout.close()
 
 
-def test_run_migrates_a_fresh_sqlite_file_and_serves(running: tuple[str, str]) -> None:
-    base, url = running
+def test_run_demo_migrates_a_fresh_sqlite_file_and_records_updates(
+    running: tuple[str, str, str],
+) -> None:
+    base, url, secret = running
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "capability": "durable"}
     assert current_revision(url) == "0002"
+    update = '{"update_id": 77, "message": {"chat": {"id": 5, "type": "private"}, "text": "hi"}}'
+    headers = {"X-Telegram-Bot-Api-Secret-Token": secret, "Content-Type": "application/json"}
+    response = httpx.post(f"{base}/telegram/default", content=update, headers=headers)
+    assert response.status_code == 200
+    assert table_rows(url, "bot", "update_id", "body", "queue_key") == [
+        ("default", 77, update, "5")
+    ]
+
+
+def test_run_without_a_bot_says_how_to_configure_one(sqlite_storage: Storage) -> None:
+    env = {
+        k: v for k, v in _environment(sqlite_storage.url()).items() if k != "INTAKE_SECRET_TOKEN"
+    }
+    done = subprocess.run(_command("run"), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "INTAKE_SECRET_TOKEN" in done.stderr
+
+
+def test_invalid_configuration_stops_with_the_field_named(sqlite_storage: Storage) -> None:
+    env = {**_environment(sqlite_storage.url()), "INTAKE_SECRET_TOKEN": "has spaces"}
+    done = subprocess.run(_command("run"), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "secret_token" in done.stderr
+    assert "has spaces" not in done.stderr + done.stdout
 
 
 def test_migrate_brings_postgres_to_head(postgres_storage: Storage) -> None:

@@ -40,6 +40,7 @@ class GroupCommitter:
         self._waiting: list[tuple[NewUpdate, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._inserts: set[asyncio.Task[set[tuple[str, int]]]] = set()
         self._closing = False
 
     async def start(self) -> None:
@@ -49,7 +50,7 @@ class GroupCommitter:
         """Commit what is waiting, then stop the flushers."""
         self._closing = True
         self._wake.set()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._inserts, return_exceptions=True)
         self._tasks = []
 
     async def submit(self, row: NewUpdate) -> bool:
@@ -77,10 +78,21 @@ class GroupCommitter:
                 return
 
     async def _commit(self, batch: list[tuple[NewUpdate, asyncio.Future[bool]]]) -> None:
+        # The insert runs as its own task and is never cancelled: a driver cancelled mid-
+        # statement cleans up only as fast as the database lets it (SQLite: the whole busy
+        # timeout). Past the budget the batch answers 503 at once and the insert finishes on
+        # its own; if it commits after all, Telegram's redelivery is a duplicate.
+        rows = [row for row, _ in batch]
+        insert = asyncio.create_task(self._store.add_many(rows))
+        self._inserts.add(insert)
+        insert.add_done_callback(self._forget)
+        done, _ = await asyncio.wait({insert}, timeout=self._timeout)
+        if not done:
+            self._fail(batch, TimeoutError(f"no commit within {self._timeout:.3g} s"))
+            return
         try:
-            async with asyncio.timeout(self._timeout):
-                new = await self._store.add_many([row for row, _ in batch])
-        except (StoreUnavailable, TimeoutError) as error:
+            new = insert.result()
+        except StoreUnavailable as error:
             self._fail(batch, error)
         except Exception as error:
             # Something about the rows, not the database: commit them one by one, so that one
@@ -94,6 +106,11 @@ class GroupCommitter:
             for row, future in batch:
                 if not future.done():  # a client that hung up cancelled its future
                     future.set_result((row.bot, row.update_id) in new)
+
+    def _forget(self, insert: asyncio.Task[set[tuple[str, int]]]) -> None:
+        self._inserts.discard(insert)
+        if not insert.cancelled():
+            insert.exception()  # retrieved here too, for an insert that outlived its budget
 
     @staticmethod
     def _fail(batch: list[tuple[NewUpdate, asyncio.Future[bool]]], error: Exception) -> None:

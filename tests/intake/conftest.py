@@ -14,7 +14,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from app.config import BotSettings, Settings
-from app.main import create_app
+from app.main import create_app, server_config
 from tests.conftest import Storage
 
 SECRET = "s3cret-token_for-tests"
@@ -29,9 +29,7 @@ async def serve(settings: Settings) -> AsyncIterator[str]:
     """Run the app under uvicorn on 127.0.0.1:<ephemeral>, in a thread with its own event
     loop (as in production, the test's client does not share the server's loop); yields its
     base URL."""
-    config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
-    )
+    config = server_config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
@@ -51,9 +49,9 @@ async def serve(settings: Settings) -> AsyncIterator[str]:
 Serve = Callable[..., AbstractAsyncContextManager[tuple[str, str]]]
 
 
-@pytest.fixture
-def intake(storage: Storage) -> Serve:
-    """`async with intake(**settings) as (base_url, database_url)`: a served, fresh intake."""
+def intake_on(storage: Storage) -> Serve:
+    """`async with intake(**settings) as (base_url, database_url)`: a served intake over
+    fresh storage (or the `database_url` given)."""
 
     @asynccontextmanager
     async def start(**overrides: Any) -> AsyncIterator[tuple[str, str]]:
@@ -63,6 +61,12 @@ def intake(storage: Storage) -> Serve:
             yield base, url
 
     return start
+
+
+@pytest.fixture
+def intake(storage: Storage) -> Serve:
+    """The intake on each backend in turn."""
+    return intake_on(storage)
 
 
 def post(

@@ -1,0 +1,62 @@
+"""The database fails under the intake: 503 with Retry-After, then 200 again, no restart."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import httpx
+import psycopg
+from sqlalchemy.engine import make_url
+
+from tests.conftest import Storage, table_rows
+from tests.intake.conftest import intake_on, post
+
+
+async def test_killed_postgres_connections_give_503_then_recover(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    url = make_url(postgres_storage.url()).update_query_dict({"application_name": "intake-victim"})
+    intake = intake_on(postgres_storage)
+    answered: dict[int, httpx.Response] = {}
+    async with intake(database_url=url.render_as_string(hide_password=False)) as (base, db):
+        async with httpx.AsyncClient(timeout=30) as client:
+            for update_id in range(1, 301):
+                if update_id % 60 == 30:  # five times in the run, every connection dies
+                    postgres_admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE application_name = 'intake-victim'"
+                    )
+                answered[update_id] = await post(client, base, f'{{"update_id": {update_id}}}')
+        stored = {update_id for (update_id,) in table_rows(db, "update_id")}
+    unavailable = [n for n, r in answered.items() if r.status_code == 503]
+    accepted = {n for n, r in answered.items() if r.status_code == 200}
+    assert unavailable, "no request met a dead connection"
+    assert len(accepted) + len(unavailable) == 300
+    assert all(answered[n].headers["retry-after"] == "5" for n in unavailable)
+    # Recovered by itself: a few requests after each kill, and from then on, all answer 200.
+    assert all(answered[n].status_code == 200 for n in range(1, 301) if n % 60 in range(33, 60))
+    assert accepted <= stored  # every 200 is in the table
+
+
+async def test_a_commit_over_its_budget_is_503_and_the_next_one_succeeds(
+    sqlite_storage: Storage,
+) -> None:
+    intake = intake_on(sqlite_storage)
+    url = sqlite_storage.url()
+    path = url.removeprefix("sqlite+aiosqlite:///")
+    async with intake(database_url=url, commit_timeout_ms=300) as (base, db):
+        async with httpx.AsyncClient(timeout=30) as client:
+            blocker = sqlite3.connect(path, isolation_level=None)
+            blocker.execute("BEGIN IMMEDIATE")  # another process's long write transaction
+            slow = await post(client, base, '{"update_id": 1}')
+            blocker.execute("COMMIT")
+            blocker.close()
+            await asyncio.sleep(0.1)
+            fine = await post(client, base, '{"update_id": 2}')
+            again = await post(client, base, '{"update_id": 1}')  # Telegram's redelivery
+        rows = table_rows(db, "update_id")
+    assert slow.status_code == 503
+    assert slow.headers["retry-after"] == "5"
+    assert (fine.status_code, again.status_code) == (200, 200)
+    assert rows == [(1,), (2,)]
