@@ -1,0 +1,135 @@
+"""Settings: bots from a TOML file or the environment, clear errors, secrets kept secret."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from app.config import Settings, describe
+
+TOML = """
+database_url = "postgresql://app@db/intake"
+max_body_bytes = 65536
+allowed_sources = ["telegram"]
+
+[[bots]]
+name = "shop"
+secret_token = "shop-secret"
+downstream_url = "http://shop:8000/telegram"
+mode = "fenced"
+max_attempts = 3
+
+[[bots]]
+name = "news"
+secret_token = "news_secret"
+"""
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("INTAKE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no ./intake.toml unless a test writes one
+
+
+def test_bots_come_from_the_toml_file(tmp_path: Path) -> None:
+    (tmp_path / "intake.toml").write_text(TOML)
+    settings = Settings()
+    assert [bot.name for bot in settings.bots] == ["shop", "news"]
+    shop = settings.bot("shop")
+    assert shop is not None
+    assert (shop.mode, shop.max_attempts, str(shop.downstream_url)) == (
+        "fenced",
+        3,
+        "http://shop:8000/telegram",
+    )
+    assert settings.database_url == "postgresql+psycopg://app@db/intake"
+    assert settings.max_body_bytes == 65536
+    assert ipaddress.ip_network("149.154.160.0/20") in settings.allowed_sources
+
+
+def test_intake_config_names_another_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "elsewhere.toml").write_text(TOML)
+    monkeypatch.setenv("INTAKE_CONFIG", str(tmp_path / "elsewhere.toml"))
+    assert [bot.name for bot in Settings().bots] == ["shop", "news"]
+    monkeypatch.setenv("INTAKE_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(FileNotFoundError, match=r"missing\.toml"):
+        Settings()
+
+
+def test_the_environment_overrides_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "intake.toml").write_text(TOML)
+    monkeypatch.setenv("INTAKE_MAX_BODY_BYTES", "2048")
+    assert Settings().max_body_bytes == 2048
+
+
+def test_without_a_file_the_environment_makes_bot_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTAKE_SECRET_TOKEN", "env-secret")
+    monkeypatch.setenv("INTAKE_DOWNSTREAM_URL", "http://127.0.0.1:9000/hook")
+    monkeypatch.setenv("INTAKE_MODE", "plain")
+    monkeypatch.setenv("INTAKE_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.1")
+    settings = Settings()
+    (bot,) = settings.bots
+    assert (bot.name, bot.mode, bot.secret_token.get_secret_value()) == (
+        "default",
+        "plain",
+        "env-secret",
+    )
+    assert settings.trusted_proxies == (
+        ipaddress.ip_network("10.0.0.0/8"),
+        ipaddress.ip_network("192.168.1.1/32"),
+    )
+
+
+def test_no_secret_means_no_bot() -> None:
+    assert Settings().bots == ()
+
+
+@pytest.mark.parametrize(
+    ("toml", "field"),
+    [
+        ('[[bots]]\nname = "Shop"\nsecret_token = "x"\n', "bots.0.name"),
+        ('[[bots]]\nname = "shop"\nsecret_token = "has space"\n', "bots.0.secret_token"),
+        ('[[bots]]\nname = "shop"\n', "bots.0.secret_token"),
+        ('[[bots]]\nname = "shop"\nsecret_token = "x"\nmode = "loose"\n', "bots.0.mode"),
+        ('[[bots]]\nname = "shop"\nsecret_token = "x"\nmax_attempts = 0\n', "bots.0.max_attempts"),
+        ('[[bots]]\nname = "shop"\nsecret_token = "x"\ncolour = "red"\n', "bots.0.colour"),
+        (
+            '[[bots]]\nname = "a"\nsecret_token = "x"\n[[bots]]\nname = "a"\nsecret_token = "y"\n',
+            "appear more than once",
+        ),
+        ('database_url = "mysql://x/y"\n', "database_url"),
+        ('table = "Bad Table"\n', "table"),
+        ('allowed_sources = ["300.1.1.1"]\n', "allowed_sources"),
+    ],
+)
+def test_invalid_configuration_names_the_field(tmp_path: Path, toml: str, field: str) -> None:
+    (tmp_path / "intake.toml").write_text(toml)
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    assert field in describe(raised.value)
+
+
+def test_secrets_never_show_in_repr_or_errors(tmp_path: Path) -> None:
+    (tmp_path / "intake.toml").write_text(
+        '[[bots]]\nname = "shop"\nsecret_token = "hunter2-secret"\nbot_token = "123:ABC-token"\n'
+        "max_attempts = -1\n"
+    )
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    message = describe(raised.value)
+    assert "hunter2" not in message
+    assert "123:ABC" not in message
+    (tmp_path / "intake.toml").write_text(
+        '[[bots]]\nname = "shop"\nsecret_token = "hunter2-secret"\nbot_token = "123:ABC-token"\n'
+    )
+    shown = repr(Settings()) + str(Settings().model_dump())
+    assert "hunter2" not in shown
+    assert "123:ABC" not in shown
