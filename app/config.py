@@ -47,13 +47,16 @@ Mode = Literal["plain", "fenced", "durable"]
 Networks = Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], NoDecode]
 
 
-class BotSettings(BaseModel):
-    """One bot: how Telegram reaches it here, and where its updates go."""
+def _check_secret_token(value: SecretStr | None) -> SecretStr | None:
+    if value is not None and not re.fullmatch(SECRET_TOKEN_PATTERN, value.get_secret_value()):
+        raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and - (as setWebhook)")
+    return value
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
-    secret_token: SecretStr
+class BotOptions(BaseModel):
+    """What a bot may set beyond its name and secret; the environment sets them for the
+    `default` bot, a `[[bots]]` table for each named bot."""
+
     bot_token: SecretStr | None = None
     downstream_url: AnyHttpUrl | None = None
     downstream_secret_token: SecretStr | None = None
@@ -63,24 +66,32 @@ class BotSettings(BaseModel):
     max_attempts: int = Field(8, ge=1, le=1000)
     lease_seconds: float = Field(60, gt=0, le=86_400)
 
+    @field_validator("downstream_secret_token")
+    @classmethod
+    def _check_downstream_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        return _check_secret_token(value)
+
+
+class BotSettings(BotOptions):
+    """One bot: how Telegram reaches it here, and where its updates go."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    secret_token: SecretStr
+
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
         return validate.bot_name(value)
 
-    @field_validator("secret_token", "downstream_secret_token")
+    @field_validator("secret_token")
     @classmethod
-    def _check_secret_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not re.fullmatch(SECRET_TOKEN_PATTERN, value.get_secret_value()):
-            raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and - (as setWebhook)")
-        return value
+    def _check_secret(cls, value: SecretStr) -> SecretStr | None:
+        return _check_secret_token(value)
 
 
-# The per-bot settings that the environment gives the `default` bot when no file has [[bots]].
-_DEFAULT_BOT_FIELDS = tuple(name for name in BotSettings.model_fields if name != "name")
-
-
-class Settings(BaseSettings):
+class Settings(BaseSettings, BotOptions):
     """Everything the service reads from its environment and configuration file."""
 
     model_config = SettingsConfigDict(env_prefix="INTAKE_", extra="ignore")
@@ -91,16 +102,8 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535)
 
     bots: tuple[BotSettings, ...] = ()
-    # The `default` bot, from the environment, when the file names no bots.
+    # With no [[bots]], a secret token makes the `default` bot of this and BotOptions.
     secret_token: SecretStr | None = None
-    bot_token: SecretStr | None = None
-    downstream_url: AnyHttpUrl | None = None
-    downstream_secret_token: SecretStr | None = None
-    signing_secret: SecretStr | None = None
-    exhaustion_url: AnyHttpUrl | None = None
-    mode: Mode = "durable"
-    max_attempts: int = 8
-    lease_seconds: float = 60
 
     # Intake.
     max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
@@ -154,8 +157,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _default_bot(self) -> Settings:
         if not self.bots and self.secret_token is not None:
-            fields = {name: getattr(self, name) for name in _DEFAULT_BOT_FIELDS}
-            object.__setattr__(self, "bots", (BotSettings(name="default", **fields),))
+            options = {name: getattr(self, name) for name in BotOptions.model_fields}
+            default = BotSettings(name="default", secret_token=self.secret_token, **options)
+            object.__setattr__(self, "bots", (default,))
         names = [bot.name for bot in self.bots]
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
