@@ -7,9 +7,9 @@ import asyncio
 import os
 from pathlib import Path
 
-from bench import plans, store
+from bench import intake, plans, store
 
-BENCHMARKS = {"store": store.main, "plans": plans.main}
+BENCHMARKS = {"store": store.main, "plans": plans.main, "intake": intake.main}
 
 
 def main() -> None:

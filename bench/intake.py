@@ -1,0 +1,279 @@
+"""The durable intake beside its own no-store ceiling and aiogram's webhook handler (issue 3).
+
+Every server runs in its own process (bench/intake_servers.py) and so does the load: wrk, one
+thread, with bench/intake.lua sending distinct ~250-byte message updates, at 16 then at 64
+connections, each measurement after a short warm-up. The durable intake runs on fresh storage
+(a new PostgreSQL schema, dropped afterwards; a temporary SQLite file). The ceiling is the same
+app and route with a committer that answers at once and stores nothing; column "x" divides
+requests/s by the ceiling's at the same connection count. aiogram is `SimpleRequestHandler` in
+background mode: it answers before the update is handled, and stores nothing.
+
+Then the PostgreSQL intake runs at a fixed rate of half its 64-connection rate, 64 connections
+(bench/paced.py: latency counted from the intended send time), and the ceiling at the same rate
+as the control. Issue 3's targets: at least 0.8x the ceiling at 64 connections, and p99 at most
+25 ms at half that rate.
+
+After each durable run, SQL counts the rows in each measurement's update_id range: every update
+answered 200 must be there ("LOST" otherwise), and no more than were sent ("EXTRA").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import text
+
+from app.store.engine import create_sync_engine
+from app.store.schema import DEFAULT_TABLE
+from bench.intake_servers import BOT, HOST, SECRET
+from bench.store import fresh_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+# Formatted with (update_id, n, user, chat, n), here and in bench/intake.lua.
+TEMPLATE = (
+    '{"update_id":%d,"message":{"message_id":%d,"from":{"id":%d,"is_bot":false,'
+    '"first_name":"Ada","language_code":"en"},"chat":{"id":%d,"first_name":"Ada",'
+    '"type":"private"},"date":1767225600,"text":"order %d: two espressos, oat milk"}}'
+)
+SPAN = 10**10  # update_ids per measurement, so that each one's rows can be counted apart
+CONNECTIONS = (16, 64)
+PACED = "paced"
+POSTGRES = "durable intake, PostgreSQL"
+CEILING = "no-store ceiling (same app and route)"
+SERVERS = (  # label, server kind, storage backend; PostgreSQL first: it sets the fixed rate
+    (POSTGRES, "intake", "postgresql"),
+    ("durable intake, SQLite", "intake", "sqlite"),
+    (CEILING, "ceiling", "sqlite"),
+    ("aiogram 3 SimpleRequestHandler, background", "aiogram", None),
+)
+# Run at half the PostgreSQL intake's 64-connection rate; the ceiling is the control: the
+# latency the generator and the HTTP server add by themselves.
+PACED_SERVERS = (POSTGRES, CEILING)
+
+
+@dataclass
+class Load:
+    """One measurement, as bench/intake.lua or bench/paced.py reports it."""
+
+    requests: int  # answered
+    seconds: float
+    non2xx: int
+    socket_errors: int
+    p50_ms: float
+    p99_ms: float
+    sent: int
+    first: int = 0  # the first update_id
+    stored: int | None = None  # rows in this load's update_id range, for the durable intake
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def ok(self) -> int:
+        return self.requests - self.non2xx
+
+
+@asynccontextmanager
+async def server(kind: str, database_url: str) -> AsyncIterator[int]:
+    """Start one server process; yield its port; stop it with SIGTERM."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.intake_servers", kind, database_url,
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        if not line.startswith(b"ready "):
+            raise RuntimeError(f"the {kind} server did not start")
+        yield int(line.split()[1])
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 60)
+        except TimeoutError:
+            process.kill()
+            raise
+
+
+async def generate(*command: str, first: int) -> Load:
+    """Run a load generator process; its last line that is a JSON object is the result."""
+    process = await asyncio.create_subprocess_exec(
+        *command, cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await process.communicate()
+    lines = [line for line in out.decode().splitlines() if line.startswith("{")]
+    if process.returncode or not lines:
+        raise RuntimeError(f"{command[0]} failed ({process.returncode}):\n{out.decode()}")
+    return Load(**json.loads(lines[-1]), first=first)
+
+
+def wrk(port: int, connections: int, seconds: float, first: int) -> Iterable[str]:
+    return (
+        "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
+        "-s", str(ROOT / "bench" / "intake.lua"), f"http://{HOST}:{port}/telegram/{BOT}",
+        "--", str(first), SECRET, TEMPLATE,
+    )  # fmt: skip
+
+
+def paced(port: int, rate: float, seconds: float, first: int) -> Iterable[str]:
+    return (
+        sys.executable, "-m", "bench.paced", str(port), SECRET, TEMPLATE,
+        f"--rate={rate:.0f}", f"--seconds={seconds}", "--connections=64", f"--first={first}",
+    )  # fmt: skip
+
+
+async def measure(
+    kind: str, url: str, seconds: float, warm_up: float, ids: Iterator[int]
+) -> dict[int | str, Load]:
+    """wrk at each connection count, each after a warm-up."""
+    loads: dict[int | str, Load] = {}
+    async with server(kind, url) as port:
+        for connections in CONNECTIONS:
+            print(f"bench intake: {kind}, {connections} connections", file=sys.stderr)
+            first = next(ids)
+            await generate(*wrk(port, connections, warm_up, first), first=first)
+            first = next(ids)
+            run = wrk(port, connections, seconds, first)
+            loads[connections] = await generate(*run, first=first)
+    return loads
+
+
+async def measure_paced(
+    kind: str, url: str, rate: float, seconds: float, warm_up: float, ids: Iterator[int]
+) -> Load:
+    """bench/paced.py at a fixed rate, after a warm-up at that rate."""
+    print(f"bench intake: {kind}, fixed rate {rate:,.0f}/s", file=sys.stderr)
+    async with server(kind, url) as port:
+        first = next(ids)
+        await generate(*paced(port, rate, warm_up, first), first=first)
+        first = next(ids)
+        return await generate(*paced(port, rate, seconds, first), first=first)
+
+
+def count_stored(url: str, loads: Iterable[Load]) -> None:
+    """Each load's rows: those in its update_id range."""
+    engine = create_sync_engine(url)
+    query = text(
+        f"SELECT count(*) FROM {DEFAULT_TABLE} "
+        "WHERE bot = :bot AND update_id >= :first AND update_id < :last"
+    )
+    try:
+        with engine.connect() as connection:
+            for load in loads:
+                bounds = {"bot": BOT, "first": load.first, "last": load.first + SPAN}
+                load.stored = connection.execute(query, bounds).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def rows_cell(loads: list[Load]) -> str:
+    if any(load.stored is None for load in loads):
+        return "stores nothing"
+    stored = sum(load.stored or 0 for load in loads)
+    ok, sent = sum(load.ok for load in loads), sum(load.sent for load in loads)
+    verdict = "LOST" if stored < ok else "EXTRA" if stored > sent else "none lost"
+    return f"{stored:,} / {ok:,} ({verdict})"
+
+
+def errors_cell(loads: list[Load]) -> str:
+    return f"{sum(x.non2xx for x in loads):,} / {sum(x.socket_errors for x in loads):,}"
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "| --- " * len(head) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def closed_table(results: dict[str, dict[int | str, Load]]) -> list[str]:
+    head = ["server"]
+    head += [f"{name} @{c}" for c in CONNECTIONS for name in ("req/s", "p50 ms", "p99 ms", "x")]
+    rows = []
+    for label, loads in results.items():
+        row = [label]
+        for c in CONNECTIONS:
+            load, ceiling = loads[c], results[CEILING][c]
+            row += [f"{load.rate:,.0f}", f"{load.p50_ms:.1f}", f"{load.p99_ms:.1f}"]
+            row.append(f"{load.rate / ceiling.rate:.2f}")
+        measured = [loads[c] for c in CONNECTIONS]
+        rows.append([*row, errors_cell(measured), rows_cell(measured)])
+    return table([*head, "non-2xx / socket errors", "rows stored / 200s"], rows)
+
+
+def paced_table(results: dict[str, dict[int | str, Load]], seconds: float) -> list[str]:
+    head = ["fixed rate, 64 connections", "asked req/s", "done req/s", "p50 ms", "p99 ms"]
+    rows = []
+    for label in PACED_SERVERS:
+        load = results[label][PACED]
+        row = [label, f"{load.sent / seconds:,.0f}", f"{load.rate:,.0f}"]
+        row += [f"{load.p50_ms:.1f}", f"{load.p99_ms:.1f}", errors_cell([load])]
+        rows.append([*row, rows_cell([load])])
+    return table([*head, "non-2xx / socket errors", "rows stored / 200s"], rows)
+
+
+def verdicts(results: dict[str, dict[int | str, Load]]) -> list[str]:
+    """Issue 3's two targets for the PostgreSQL intake."""
+    top = CONNECTIONS[-1]
+    ratio = results[POSTGRES][top].rate / results[CEILING][top].rate
+    p99 = results[POSTGRES][PACED].p99_ms
+    return [
+        f"Target, PostgreSQL at {top} connections >= 0.8x the ceiling: {ratio:.2f}x, "
+        f"{'met' if ratio >= 0.8 else 'MISSED'}.",
+        f"Target, PostgreSQL p99 <= 25 ms at half its {top}-connection rate: {p99:.1f} ms, "
+        f"{'met' if p99 <= 25 else 'MISSED'}.",
+    ]
+
+
+def report(results: dict[str, dict[int | str, Load]], seconds: float, warm_up: float) -> str:
+    size = len(TEMPLATE % (SPAN, 1234, 1000234, 1000234, 1234))
+    lines = [
+        *closed_table(results),
+        "",
+        *paced_table(results, seconds),
+        "",
+        *verdicts(results),
+        "",
+        f"wrk (1 thread) and bench/paced.py: {seconds:g} s per measurement after {warm_up:g} s "
+        f"of warm-up; ~{size}-byte message updates, each update_id sent once; x = requests/s "
+        "over the no-store ceiling's at the same connection count.",
+    ]
+    return "\n".join(lines)
+
+
+async def main(*, quick: bool = False) -> str:
+    if shutil.which("wrk") is None:
+        raise SystemExit("bench intake needs wrk on PATH: apt-get install -y wrk")
+    try:
+        import aiogram  # noqa: F401
+    except ImportError:
+        raise SystemExit("bench intake needs aiogram: pip install -e '.[bench]'") from None
+    seconds, warm_up = (2, 1) if quick else (10, 2)
+    ids = (n * SPAN for n in itertools.count(1))
+    results: dict[str, dict[int | str, Load]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        for label, kind, backend in SERVERS:
+            url, drop = "", lambda: None
+            if backend:
+                url, drop = await fresh_storage(backend, Path(directory))
+            try:
+                results[label] = await measure(kind, url, seconds, warm_up, ids)
+                if label in PACED_SERVERS:
+                    rate = results[POSTGRES][CONNECTIONS[-1]].rate / 2
+                    paced_load = await measure_paced(kind, url, rate, seconds, warm_up, ids)
+                    results[label][PACED] = paced_load
+                if kind == "intake":
+                    count_stored(url, results[label].values())
+            finally:
+                drop()
+    return report(results, seconds, warm_up)

@@ -1,0 +1,114 @@
+"""The servers `python -m bench intake` measures, each in its own process.
+
+    python -m bench.intake_servers intake|ceiling DATABASE_URL
+    python -m bench.intake_servers aiogram
+
+- intake: the product's app under uvicorn, one worker, as `telegram-intake serve` runs it.
+- ceiling: the same app and route, with the group committer swapped after start-up for one
+  that answers at once and stores nothing: what the server costs without durability.
+- aiogram: aiogram 3's own webhook handler (`SimpleRequestHandler`, background mode) with a
+  Dispatcher of one trivial message handler, under aiohttp's `web.AppRunner`, on uvloop (the
+  loop uvicorn picks). The bot token is fake and nothing here calls Telegram.
+
+Each serves POST /telegram/bench on 127.0.0.1 (ephemeral port), prints `ready <port>` once it
+accepts requests, and stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+import uvloop
+from fastapi import FastAPI
+from pydantic import SecretStr
+
+from app.config import BotSettings, Settings
+from app.intake.route import Intake
+from app.main import create_app, server_config
+from app.store import NewUpdate
+
+BOT = "bench"
+SECRET = "bench-secret_token"  # noqa: S105 - a fixed test secret
+HOST = "127.0.0.1"
+
+
+class AnnouncingServer(uvicorn.Server):
+    """uvicorn's server, telling the benchmark its port once the app has started."""
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        await super().startup(sockets)
+        if self.servers:
+            print(f"ready {self.servers[0].sockets[0].getsockname()[1]}", flush=True)
+
+
+class NullCommitter:
+    """Answers every row at once, as if committed; stores nothing."""
+
+    async def submit(self, row: NewUpdate) -> bool:
+        return True
+
+
+def settings(database_url: str) -> Settings:
+    bot = BotSettings(name=BOT, secret_token=SecretStr(SECRET))
+    return Settings(database_url=database_url, bots=(bot,))
+
+
+def ceiling_app(configured: Settings) -> FastAPI:
+    """The product's app whose intake, once started, hands rows to a NullCommitter."""
+    app = create_app(configured)
+    product_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with product_lifespan(app):
+            app.state.intake = Intake(configured, NullCommitter())  # type: ignore[arg-type]
+            yield
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def serve_uvicorn(kind: str, database_url: str) -> None:
+    configured = settings(database_url)
+    app = create_app(configured) if kind == "intake" else ceiling_app(configured)
+    AnnouncingServer(server_config(app, host=HOST, port=0, log_level="warning")).run()
+
+
+async def serve_aiogram() -> None:
+    from aiogram import Bot, Dispatcher
+    from aiogram.types import Message
+    from aiogram.webhook.aiohttp_server import SimpleRequestHandler, setup_application
+    from aiohttp import web
+
+    bot = Bot("42:TEST")
+    dispatcher = Dispatcher()
+
+    @dispatcher.message()
+    async def on_message(message: Message) -> None:
+        return None
+
+    app = web.Application()
+    handler = SimpleRequestHandler(dispatcher, bot, handle_in_background=True, secret_token=SECRET)
+    handler.register(app, path=f"/telegram/{BOT}")
+    setup_application(app, dispatcher, bot=bot)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, HOST, 0)
+    await site.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print(f"ready {runner.addresses[0][1]}", flush=True)
+    await stop.wait()
+    await runner.cleanup()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "aiogram":
+        uvloop.run(serve_aiogram())
+    else:
+        serve_uvicorn(sys.argv[1], sys.argv[2])
