@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -68,6 +69,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await committer.start()
             app.state.store = store
             app.state.intake = Intake(settings, committer)
+            # Everything alive now lives as long as the process. Freezing it out of the
+            # collector's reach keeps full collections short: unfrozen, they paused the
+            # event loop for 10-70 ms several times a minute under load (the p99 tail).
+            gc.collect()
+            gc.freeze()
             try:
                 yield
             finally:

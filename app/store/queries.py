@@ -201,32 +201,43 @@ _ADD_COLUMNS = {
 }
 
 
-def add(
-    t: Table, dialect: str, rows: Sequence[NewUpdate]
-) -> tuple[ReturningInsert[Any], dict[str, Any] | list[dict[str, Any]]]:
+def add(t: Table, dialect: str) -> ReturningInsert[Any]:
     """INSERT new keys as pending, skip existing ones (duplicates within the batch too);
-    RETURNING names the keys that were new. One statement on either backend."""
-    # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
-    values = [{name: getattr(row, name) for name in _ADD_COLUMNS} for row in rows]
+    RETURNING names the keys that were new. One statement for a batch on either backend:
+    unnest() of parallel arrays on PostgreSQL, executemany in one transaction on SQLite."""
     if dialect == "postgresql":
         batch = _unnest(_ADD_COLUMNS)
+        # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
         source = select(
             *(batch.c[name] for name in _ADD_COLUMNS),
             literal_column("'pending'"),
-            literal(0),
+            literal_column("0"),
             batch.c.received_at,
         )
         names = [*_ADD_COLUMNS, "state", "attempts", "due_at"]
         insert = postgresql.insert(t).from_select(names, source)
         insert = insert.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
-        return insert.returning(t.c.bot, t.c.update_id), _arrays(_ADD_COLUMNS, values)
-    # SQLite: executemany inside the caller's one transaction; SQLAlchemy packs the rows into
-    # multi-row VALUES within SQLite's limit on bound parameters.
-    params = [
-        {**row, "state": "pending", "attempts": 0, "due_at": row["received_at"]} for row in values
-    ]
+        return insert.returning(t.c.bot, t.c.update_id)
     many = sqlite.insert(t).on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
-    return many.returning(t.c.bot, t.c.update_id), params[0] if len(params) == 1 else params
+    return many.returning(t.c.bot, t.c.update_id)
+
+
+def add_arrays(rows: Sequence[NewUpdate]) -> dict[str, list[Any]]:
+    """PostgreSQL: the parameters of `add` for these rows, as parallel arrays."""
+    return {f"batch_{name}": [getattr(row, name) for row in rows] for name in _ADD_COLUMNS}
+
+
+def add_rows(rows: Sequence[NewUpdate]) -> list[dict[str, Any]]:
+    """SQLite: the parameters of `add` for these rows, one dictionary a row."""
+    return [
+        {
+            **{name: getattr(row, name) for name in _ADD_COLUMNS},
+            "state": "pending",
+            "attempts": 0,
+            "due_at": row.received_at,
+        }
+        for row in rows
+    ]
 
 
 def claim(
@@ -441,27 +452,12 @@ _SETTLE_COLUMNS = {
 }
 
 
-def settle_many_owned(
-    t: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
-) -> tuple[Update, dict[str, list[Any]]]:
+def settle_many_owned(t: Table) -> Update:
     """PostgreSQL: a whole batch of settlements in one statement, each row matched on its full
     identity and live lease, over unnest() of parallel arrays (one statement text for any batch
     size, so it is prepared once). RETURNING names the keys that were settled."""
-    rows = []
-    for identity, settlement in items:
-        values = _settle_values(settlement)
-        rows.append(
-            {
-                "bot": identity.bot,
-                "update_id": identity.update_id,
-                "attempt": identity.attempt,
-                "claim_id": identity.claim_id,
-                "at": settlement.at,
-                **{name: values[name] for name in ("state", "due_at", "settled_at", "error")},
-            }
-        )
     batch = _unnest(_SETTLE_COLUMNS)
-    statement = (
+    return (
         update(t)
         .where(
             t.c.bot == batch.c.bot,
@@ -479,7 +475,26 @@ def settle_many_owned(
         )
         .returning(t.c.bot, t.c.update_id)
     )
-    return statement, _arrays(_SETTLE_COLUMNS, rows)
+
+
+def settle_many_parameters(
+    items: Sequence[tuple[ClaimIdentity, Settlement]],
+) -> dict[str, list[Any]]:
+    """The arrays of `settle_many_owned` for these settlements."""
+    rows = []
+    for identity, settlement in items:
+        values = _settle_values(settlement)
+        rows.append(
+            {
+                "bot": identity.bot,
+                "update_id": identity.update_id,
+                "attempt": identity.attempt,
+                "claim_id": identity.claim_id,
+                "at": settlement.at,
+                **{name: values[name] for name in ("state", "due_at", "settled_at", "error")},
+            }
+        )
+    return _arrays(_SETTLE_COLUMNS, rows)
 
 
 # -- durable (revision 0002) -------------------------------------------------------------------

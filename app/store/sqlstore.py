@@ -7,14 +7,16 @@ the right kind of transaction and maps rows to the types of `app.store.types`.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 from sqlalchemy import Table, inspect
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.dml import UpdateBase
 from sqlalchemy.sql.expression import Executable
 
 from app.store import queries, validate
@@ -107,6 +109,28 @@ class SqlUpdateStore:
         else:
             # One statement is its own transaction: no BEGIN and COMMIT round trips.
             self._single = self._reader = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._compile_batches()
+
+    def _compile_batches(self) -> None:
+        """PostgreSQL: the two batch statements, compiled once. Their arrays travel in binary
+        (psycopg's `%b`): dumping a text array escapes every quote of every JSON body, about
+        17 us a body, against well under one in binary."""
+        self._batches: dict[str, tuple[str, dict[str, Any]]] = {}
+        if self._sqlite:
+            return
+        statements: dict[str, UpdateBase] = {"add": queries.add(self.table, self._dialect)}
+        if "claim_id" in self.table.c:
+            statements["settle_many_owned"] = queries.settle_many_owned(self.table)
+        for name, statement in statements.items():
+            compiled = statement.compile(dialect=self.engine.dialect)
+            sql = re.sub(r"%\((batch_\w+)\)s", r"%(\1)b", compiled.string)
+            self._batches[name] = (sql, dict(compiled.params))
+
+    async def _batch(
+        self, connection: AsyncConnection, name: str, arrays: dict[str, list[Any]]
+    ) -> CursorResult[Any]:
+        sql, constants = self._batches[name]
+        return await connection.exec_driver_sql(sql, {**constants, **arrays})
 
     @property
     def capability(self) -> Capability:
@@ -123,6 +147,7 @@ class SqlUpdateStore:
         """Read the live schema again (after `alembic upgrade head` on a running service)."""
         self._capability = await read_capability(self.engine, self.table.name)
         self.table = make_table(self.table.name, "0002" if self._capability != "base" else "0001")
+        self._compile_batches()
         return self._capability
 
     def require(self, level: Capability, feature: str) -> None:
@@ -185,10 +210,13 @@ class SqlUpdateStore:
                 raise ValueError(f"row {row!r} is not a NewUpdate")
         if not rows:
             return set()
-        statement, params = queries.add(self.table, self._dialect, rows)
         async with self._write() as connection:
-            result = await connection.execute(statement, params)
-            return {(bot, update_id) for bot, update_id in result.all()}
+            if self._sqlite:
+                statement = queries.add(self.table, self._dialect)
+                result = await connection.execute(statement, queries.add_rows(rows))
+            else:
+                result = await self._batch(connection, "add", queries.add_arrays(rows))
+            return {(row.bot, row.update_id) for row in result.all()}
 
     async def claim(
         self,
@@ -395,9 +423,9 @@ class SqlUpdateStore:
                     if (await connection.execute(statement)).first() is not None:
                         settled.add((identity.bot, identity.update_id))
             else:
-                statement, arrays = queries.settle_many_owned(self.table, checked)
-                result = await connection.execute(statement, arrays)
-                settled = {(bot, update_id) for bot, update_id in result.all()}
+                arrays = queries.settle_many_parameters(checked)
+                result = await self._batch(connection, "settle_many_owned", arrays)
+                settled = {(row.bot, row.update_id) for row in result.all()}
         return [key in settled for key in keys]
 
     # -- durable -------------------------------------------------------------------------------

@@ -18,10 +18,15 @@ LEASE = NOW + 60_000
 IDENTITY = ClaimIdentity("shop", 1_000_002, 1, "0f0e0d0c-0b0a-4908-8706-050403020100")
 
 
+def _add_parameters(store: SqlUpdateStore) -> dict[str, Any]:
+    rows = [NewUpdate("shop", 5, "{}", NOW)]
+    return queries.add_arrays(rows) if store.dialect == "postgresql" else queries.add_rows(rows)[0]
+
+
 def statements(store: SqlUpdateStore) -> dict[str, Any]:
     t = store.table
     return {
-        "add": queries.add(t, store.dialect, [NewUpdate("shop", 5, "{}", NOW)]),
+        "add": (queries.add(t, store.dialect), _add_parameters(store)),
         "claim": queries.claim(
             t,
             bot="shop",
