@@ -64,7 +64,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 max_batch=settings.commit_batch_max,
                 max_wait=settings.commit_wait_ms / 1000,
                 timeout=settings.commit_timeout_ms / 1000,
-                flushers=1 if store.dialect == "sqlite" else 2,
             )
             await committer.start()
             app.state.store = store

@@ -30,13 +30,11 @@ class GroupCommitter:
         max_batch: int = 500,
         max_wait: float = 0.0,
         timeout: float = 5.0,
-        flushers: int = 1,
     ) -> None:
         self._store = store
         self._max_batch = max_batch
         self._max_wait = max_wait
         self._timeout = timeout
-        self._flushers = flushers
         self._waiting: list[tuple[NewUpdate, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -44,7 +42,9 @@ class GroupCommitter:
         self._closing = False
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._flush_forever()) for _ in range(self._flushers)]
+        # One flusher: while its commit is in flight the next batch gathers, so batches grow
+        # with load (two flushers halved the batches and cost 12% of throughput).
+        self._tasks = [asyncio.create_task(self._flush_forever())]
 
     async def stop(self) -> None:
         """Commit what is waiting, then stop the flushers."""
