@@ -242,6 +242,18 @@ async def _renew_never_shortens(store: UpdateStore, f: _Findings) -> None:
 # -- fenced ----------------------------------------------------------------------------------
 
 
+async def _claimed(
+    store: FencedUpdateStore, f: _Findings, update_id: int = 1, *, max_attempts: int = MAX
+) -> ClaimIdentity | None:
+    """Claim the recorded `update_id` at 10 with a lease until 100; None (a finding) if refused."""
+    identity = await store.claim_owned(
+        BOT, update_id, now=10, lease_until=100, max_attempts=max_attempts
+    )
+    if identity is None:
+        f.expect(False, f"claim_owned of pending row {update_id} gave None")
+    return identity
+
+
 async def _two_claims(
     store: FencedUpdateStore, f: _Findings
 ) -> tuple[ClaimIdentity, ClaimIdentity] | None:
@@ -274,9 +286,7 @@ async def _fresh_identity(store: FencedUpdateStore, f: _Findings) -> None:
 @_rule("an attempt fence expires and never adopts a later claim", "fenced")
 async def _fence(store: FencedUpdateStore, f: _Findings) -> None:
     await _record(store, 1)
-    first = await store.claim_owned(BOT, 1, now=10, lease_until=100, max_attempts=MAX)
-    if first is None:
-        f.expect(False, "claim_owned of a pending row gave None")
+    if (first := await _claimed(store, f)) is None:
         return
     f.equal(await store.owns(first, 100), True, "owns at exactly due_at")
     f.equal(await store.owns(first, 101), False, "owns 1 ms after due_at")
@@ -457,9 +467,7 @@ async def _owns_blocks_reclaim(store: FencedUpdateStore, f: _Findings) -> None:
     if transaction is None:
         return  # the store offers no same-database transaction: nothing to hold
     await _record(store, 1)
-    first = await store.claim_owned(BOT, 1, now=10, lease_until=100, max_attempts=MAX)
-    if first is None:
-        f.expect(False, "claim_owned of a pending row gave None")
+    if (first := await _claimed(store, f)) is None:
         return
     held = asyncio.Event()
     hold_seconds = 0.2
@@ -533,9 +541,7 @@ async def _exhaustion_survives(store: DurableUpdateStore, f: _Findings) -> None:
 @_rule("exhaust takes only the exact live claim and keeps its error", "durable")
 async def _exhaust_fenced(store: DurableUpdateStore, f: _Findings) -> None:
     await _record(store, 1, 2)
-    first = await store.claim_owned(BOT, 1, now=10, lease_until=100, max_attempts=3)
-    if first is None:
-        f.expect(False, "claim_owned of a pending row gave None")
+    if (first := await _claimed(store, f, max_attempts=3)) is None:
         return
     f.equal(
         await store.exhaust(_other(first, claim_id="x"), 50, "HTTP 400"),
@@ -551,9 +557,7 @@ async def _exhaust_fenced(store: DurableUpdateStore, f: _Findings) -> None:
     f.equal(await store.due_exhaustions(limit=10), [], "exhaustions after refused exhausts")
     second = await store.claim_owned(BOT, 1, now=101, lease_until=200, max_attempts=3)
     f.equal(None if second is None else second.attempt, 2, "the claim after a refused exhaust")
-    other = await store.claim_owned(BOT, 2, now=10, lease_until=100, max_attempts=3)
-    if other is None:
-        f.expect(False, "claim_owned of a pending row gave None")
+    if (other := await _claimed(store, f, 2, max_attempts=3)) is None:
         return
     error = "HTTP 403: bot was blocked by the user \u2713"
     f.equal(await store.exhaust(other, 100, error), True, "exhaust at exactly the lease")
@@ -656,9 +660,7 @@ async def _base_durable_claim(store: DurableUpdateStore, f: _Findings) -> None:
 @_rule("abandon settles for good and is not an exhaustion", "durable")
 async def _abandon(store: DurableUpdateStore, f: _Findings) -> None:
     await _record(store, 1)
-    identity = await store.claim_owned(BOT, 1, now=10, lease_until=100, max_attempts=MAX)
-    if identity is None:
-        f.expect(False, "claim_owned of a pending row gave None")
+    if (identity := await _claimed(store, f)) is None:
         return
     f.equal(await store.settle_owned(identity, Abandoned(20, "unsupported")), True, "abandon")
     f.equal(await store.due_exhaustions(limit=10), [], "exhaustions after abandon")
