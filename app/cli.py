@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import secrets
 import sys
+import tomllib
 from collections.abc import Callable, Sequence
 
 import uvicorn
@@ -59,7 +60,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(settings: Settings) -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="telegram-intake", description="Durable webhook intake for Telegram bots."
     )
@@ -74,8 +75,8 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
             description=f"{summary[0].upper()}{summary[1:]}. "
             f"Example: telegram-intake {name} --port 8080",
         )
-        command.add_argument("--host", default=settings.host, help="address to listen on")
-        command.add_argument("--port", type=int, default=settings.port, help="port to listen on")
+        command.add_argument("--host", help="address to listen on (default: INTAKE_HOST)")
+        command.add_argument("--port", type=int, help="port to listen on (default: INTAKE_PORT)")
         command.add_argument(
             "--demo",
             action="store_true",
@@ -92,12 +93,18 @@ def build_parser(settings: Settings) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # --help needs no valid configuration
     try:
         settings = Settings()
     except ValidationError as error:
         print(describe(error), file=sys.stderr)
         return 2
-    args = build_parser(settings).parse_args(argv)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        print(f"invalid configuration: {error}", file=sys.stderr)
+        return 2
+    if hasattr(args, "host"):
+        args.host = args.host or settings.host
+        args.port = settings.port if args.port is None else args.port
     handler: Handler = args.handler
     return handler(settings, args)
 

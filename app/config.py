@@ -75,7 +75,7 @@ class BotOptions(BaseModel):
 class BotSettings(BotOptions):
     """One bot: how Telegram reaches it here, and where its updates go."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     name: str
     secret_token: SecretStr
@@ -94,9 +94,11 @@ class BotSettings(BotOptions):
 class Settings(BaseSettings, BotOptions):
     """Everything the service reads from its environment and configuration file."""
 
-    model_config = SettingsConfigDict(env_prefix="INTAKE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="INTAKE_", extra="ignore", hide_input_in_errors=True
+    )
 
-    database_url: str = DEFAULT_DATABASE_URL
+    database_url: str = Field(DEFAULT_DATABASE_URL, repr=False)  # may hold a password
     table: str = DEFAULT_TABLE
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)

@@ -114,3 +114,13 @@ def table_rows(url: str, *columns: str, table: str = "telegram_updates") -> list
             return [tuple(row) for row in connection.execute(query)]
     finally:
         engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _no_outside_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Tests see only the settings they give: no INTAKE_* of the developer's shell (the test
+    database URL aside), and no ./intake.toml."""
+    for name in list(os.environ):
+        if name.startswith("INTAKE_") and not name.startswith("INTAKE_TEST_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)

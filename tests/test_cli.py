@@ -110,3 +110,27 @@ def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run(_command(*command, "--help"), capture_output=True, text=True)
     assert done.returncode == 0
     assert "usage: telegram-intake" in done.stdout
+
+
+def test_help_needs_no_valid_configuration(sqlite_storage: Storage) -> None:
+    env = {**_environment(sqlite_storage.url()), "INTAKE_MAX_BODY_BYTES": "1"}
+    done = subprocess.run(_command("run", "--help"), env=env, capture_output=True, text=True)
+    assert done.returncode == 0
+    assert "--demo" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [("missing", "missing.toml"), ("broken", "invalid configuration")],
+)
+def test_a_bad_configuration_file_is_one_message_not_a_traceback(
+    sqlite_storage: Storage, tmp_path: Path, setup: str, message: str
+) -> None:
+    config = tmp_path / f"{setup}.toml"
+    if setup == "broken":
+        config.write_text("[[bots]\nname = ")
+    env = {**_environment(sqlite_storage.url()), "INTAKE_CONFIG": str(config)}
+    done = subprocess.run(_command("run"), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr

@@ -117,6 +117,27 @@ def test_invalid_configuration_names_the_field(tmp_path: Path, toml: str, field:
     assert field in describe(raised.value)
 
 
+def test_secrets_never_show_in_validation_errors(tmp_path: Path) -> None:
+    (tmp_path / "intake.toml").write_text(
+        'database_url = "postgresql://app:db-Pa55word@db/intake"\n'
+        '[[bots]]\nname = "shop"\nsecret_token = "hunter2 secret"\n'
+    )
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    shown = str(raised.value) + describe(raised.value)
+    assert "secret_token" in shown
+    assert "hunter2" not in shown
+    (tmp_path / "intake.toml").write_text('database_url = "mysql://app:db-Pa55word@db/x"\n')
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    assert "Pa55word" not in str(raised.value)
+
+
+def test_the_database_password_stays_out_of_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTAKE_DATABASE_URL", "postgresql://app:db-Pa55word@db/intake")
+    assert "Pa55word" not in repr(Settings())
+
+
 def test_secrets_never_show_in_repr_or_errors(tmp_path: Path) -> None:
     (tmp_path / "intake.toml").write_text(
         '[[bots]]\nname = "shop"\nsecret_token = "hunter2-secret"\nbot_token = "123:ABC-token"\n'

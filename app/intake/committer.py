@@ -61,7 +61,12 @@ class GroupCommitter:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((row, future))
         self._wake.set()
-        return await future
+        try:
+            return await future
+        finally:
+            # A failure's traceback holds this frame; without the future in it there is no
+            # cycle, and the request's body is freed as soon as the answer is sent.
+            del future
 
     async def _flush_forever(self) -> None:
         while True:
@@ -74,7 +79,7 @@ class GroupCommitter:
                 self._wake.clear()
             if batch:
                 await self._commit(batch)
-            elif self._closing:
+            if self._closing and not self._waiting:
                 return
 
     async def _commit(self, batch: list[tuple[NewUpdate, asyncio.Future[bool]]]) -> None:
@@ -99,9 +104,14 @@ class GroupCommitter:
             # bad row fails alone instead of every update that happened to share its batch.
             if len(batch) == 1:
                 self._fail(batch, error)
-            else:
-                for item in batch:
-                    await self._commit([item])
+                return
+            deadline = asyncio.get_running_loop().time() + self._timeout
+            for index, item in enumerate(batch):
+                if asyncio.get_running_loop().time() > deadline:
+                    # The rest would wait past their budget behind the retries: answer now.
+                    self._fail(batch[index:], error)
+                    return
+                await self._commit([item])
         else:
             for row, future in batch:
                 if not future.done():  # a client that hung up cancelled its future

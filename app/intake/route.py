@@ -65,7 +65,8 @@ class Intake:
         settings = self._settings
         if settings.allowed_sources:
             peer = request.client.host if request.client else None
-            forwarded = request.headers.get("x-forwarded-for")
+            # Every X-Forwarded-For line: some proxies add a line rather than append to one.
+            forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
             source = client_address(peer, forwarded, settings.trusted_proxies)
             if not source_allowed(source, settings.allowed_sources):
                 return FORBIDDEN
@@ -98,11 +99,16 @@ class Intake:
         return b"".join(chunks)
 
 
+def _not_json(constant: str) -> Any:
+    """NaN and Infinity: Python's json reads them, JSON (and Telegram) has no such thing."""
+    raise ValueError(f"{constant} is not JSON")
+
+
 def _parse(body: bytes) -> tuple[str, dict[str, Any] | None, str]:
     """The body as text and the update object; or None and what is wrong with it."""
     try:
         text = body.decode("utf-8")
-        update = json.loads(text)
+        update = json.loads(text, parse_constant=_not_json)
     except UnicodeDecodeError:
         return "", None, "body is not UTF-8"
     except (ValueError, RecursionError):

@@ -17,9 +17,12 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 def _address(text: str | None) -> Address | None:
     try:
-        return ipaddress.ip_address((text or "").strip())
+        address = ipaddress.ip_address((text or "").strip())
     except ValueError:
         return None
+    # A dual-stack socket reports IPv4 peers as ::ffff:a.b.c.d; the allowlist names a.b.c.d.
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return mapped or address
 
 
 def _within(address: Address, networks: Sequence[Network]) -> bool:

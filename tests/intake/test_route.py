@@ -102,6 +102,8 @@ async def test_403_comes_before_the_body_is_read(intake: Serve) -> None:
         (b'{"update_id": 1, "text": "\xff\xfe"}', "not UTF-8"),
         (b"", "not JSON"),
         (b"[" * 100_000, "not JSON"),
+        (b'{"update_id": 5, "x": NaN}', "not JSON"),
+        (b'{"update_id": 5, "x": -Infinity}', "not JSON"),
     ],
     ids=[
         "truncated",
@@ -118,6 +120,8 @@ async def test_403_comes_before_the_body_is_read(intake: Serve) -> None:
         "not-utf8",
         "empty",
         "deep-nesting",
+        "nan",
+        "infinity",
     ],
 )
 async def test_not_an_update_is_400_with_a_reason_and_stores_nothing(

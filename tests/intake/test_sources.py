@@ -10,7 +10,7 @@ import pytest
 from app.config import TELEGRAM_SOURCES
 from app.intake.sources import client_address, source_allowed
 from tests.conftest import table_rows
-from tests.intake.conftest import Serve, post
+from tests.intake.conftest import SECRET, Serve, post
 
 TELEGRAM = [ipaddress.ip_network(n) for n in TELEGRAM_SOURCES]
 PROXIES = [ipaddress.ip_network("10.0.0.0/8")]
@@ -27,6 +27,8 @@ PROXIES = [ipaddress.ip_network("10.0.0.0/8")]
         ("10.0.0.5", "10.0.0.7, 10.0.0.8", "10.0.0.7"),
         (None, None, None),
         ("not-an-ip", None, None),
+        ("::ffff:149.154.167.99", None, "149.154.167.99"),  # IPv4 on a dual-stack socket
+        ("10.0.0.5", "::ffff:149.154.167.99", "149.154.167.99"),
     ],
 )
 def test_client_address_reads_forwarded_for_only_from_trusted_proxies(
@@ -64,3 +66,22 @@ async def test_intake_enforces_the_allowlist(
         rows = table_rows(url, "update_id")
     assert response.status_code == status
     assert rows == ([(3,)] if status == 200 else [])
+
+
+async def test_every_forwarded_for_line_counts(intake: Serve) -> None:
+    # A proxy that adds its own X-Forwarded-For line below the client's: the client's
+    # claim comes first and must not be believed.
+    settings = {"allowed_sources": "telegram", "trusted_proxies": "127.0.0.1"}
+    headers = [
+        ("x-forwarded-for", "149.154.167.99"),
+        ("x-forwarded-for", "8.8.8.8"),
+        ("x-telegram-bot-api-secret-token", SECRET),
+        ("content-type", "application/json"),
+    ]
+    async with intake(**settings) as (base, url), httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{base}/telegram/shop", content=b'{"update_id": 4}', headers=headers
+        )
+        rows = table_rows(url, "update_id")
+    assert response.status_code == 403
+    assert rows == []

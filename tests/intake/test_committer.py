@@ -1,0 +1,106 @@
+"""The group committer, against a store that records its calls and can be slow or fail."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from app.intake.committer import CommitFailed, GroupCommitter
+from app.store import NewUpdate, StoreError, StoreUnavailable
+
+
+class FakeStore:
+    """add_many that takes `delay` seconds, and fails as told."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.batches: list[list[int]] = []
+        self.bad: set[int] = set()  # update_ids whose batch fails as a data error
+        self.unavailable = False
+
+    async def add_many(self, rows: Sequence[NewUpdate]) -> set[tuple[str, int]]:
+        self.batches.append([row.update_id for row in rows])
+        await asyncio.sleep(self.delay)
+        if self.unavailable:
+            raise StoreUnavailable("database down")
+        if any(row.update_id in self.bad for row in rows):
+            raise StoreError("a row the database refused")
+        return {(row.bot, row.update_id) for row in rows}
+
+
+def row(update_id: int) -> NewUpdate:
+    return NewUpdate("shop", update_id, f'{{"update_id": {update_id}}}', 0)
+
+
+async def started(store: FakeStore, **options: float) -> GroupCommitter:
+    committer = GroupCommitter(store, **options)  # type: ignore[arg-type]
+    await committer.start()
+    return committer
+
+
+async def test_requests_arriving_during_a_commit_share_the_next_one() -> None:
+    store = FakeStore(delay=0.05)
+    committer = await started(store)
+    results = await asyncio.gather(*(committer.submit(row(n)) for n in range(100)))
+    await committer.stop()
+    assert results == [True] * 100
+    assert len(store.batches) < 10  # not one commit per request
+    assert sorted(n for batch in store.batches for n in batch) == list(range(100))
+
+
+async def test_batches_never_exceed_max_batch() -> None:
+    store = FakeStore(delay=0.01)
+    committer = await started(store, max_batch=7)
+    await asyncio.gather(*(committer.submit(row(n)) for n in range(50)))
+    await committer.stop()
+    assert max(len(batch) for batch in store.batches) <= 7
+
+
+async def test_an_unavailable_database_fails_every_request_of_the_batch() -> None:
+    store = FakeStore(delay=0.01)
+    store.unavailable = True
+    committer = await started(store)
+    outcomes = await asyncio.gather(
+        *(committer.submit(row(n)) for n in range(10)), return_exceptions=True
+    )
+    await committer.stop()
+    assert all(isinstance(outcome, CommitFailed) for outcome in outcomes)
+
+
+async def test_a_bad_row_fails_alone() -> None:
+    store = FakeStore(delay=0.001)
+    store.bad = {5}
+    committer = await started(store)
+    outcomes = await asyncio.gather(
+        *(committer.submit(row(n)) for n in range(10)), return_exceptions=True
+    )
+    await committer.stop()
+    failed = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, CommitFailed)]
+    assert failed == [5]
+
+
+async def test_a_commit_over_budget_answers_within_the_budget() -> None:
+    store = FakeStore(delay=2.0)
+    committer = await started(store, timeout=0.2)
+    started_at = time.monotonic()
+    with pytest.raises(CommitFailed, match="no commit within"):
+        await committer.submit(row(1))
+    assert time.monotonic() - started_at < 1.0
+    await committer.stop()
+
+
+async def test_stop_commits_what_waits_and_returns() -> None:
+    store = FakeStore(delay=0.1)
+    committer = await started(store)
+    first = asyncio.create_task(committer.submit(row(1)))
+    await asyncio.sleep(0.02)  # row 1 is committing
+    second = asyncio.create_task(committer.submit(row(2)))  # row 2 waits behind it
+    await asyncio.sleep(0)
+    async with asyncio.timeout(3):
+        await committer.stop()
+    assert (await first, await second) == (True, True)
+    with pytest.raises(CommitFailed, match="shutting down"):
+        await committer.submit(row(3))
