@@ -104,11 +104,15 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
+# Built once: json.loads with any option builds a decoder on every call.
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
 def _parse(body: bytes) -> tuple[str, dict[str, Any] | None, str]:
     """The body as text and the update object; or None and what is wrong with it."""
     try:
         text = body.decode("utf-8")
-        update = json.loads(text, parse_constant=_not_json)
+        update = _DECODER.decode(text)
     except UnicodeDecodeError:
         return "", None, "body is not UTF-8"
     except (ValueError, RecursionError):
