@@ -95,7 +95,7 @@ class Settings(BaseSettings, BotOptions):
     """Everything the service reads from its environment and configuration file."""
 
     model_config = SettingsConfigDict(
-        env_prefix="INTAKE_", extra="ignore", hide_input_in_errors=True
+        env_prefix="INTAKE_", extra="forbid", hide_input_in_errors=True
     )
 
     database_url: str = Field(DEFAULT_DATABASE_URL, repr=False)  # may hold a password

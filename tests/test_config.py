@@ -108,6 +108,7 @@ def test_no_secret_means_no_bot() -> None:
         ('database_url = "mysql://x/y"\n', "database_url"),
         ('table = "Bad Table"\n', "table"),
         ('allowed_sources = ["300.1.1.1"]\n', "allowed_sources"),
+        ('allowed_source = ["telegram"]\n', "allowed_source: Extra inputs"),  # a typo
     ],
 )
 def test_invalid_configuration_names_the_field(tmp_path: Path, toml: str, field: str) -> None:
