@@ -1,0 +1,103 @@
+"""The forwarding client's ceiling: one process POSTing an update to a trivial local server.
+
+Issue 4 forwards every update with httpx's API; httpx's default transport is slower under
+concurrency than sequentially (encode/httpx#3215). This measures, in one run, requests/s at 1
+and 64 concurrent requests for httpx's default transport, httpx over aiohttp (httpx-aiohttp),
+and aiohttp itself. The server is a separate process (aiohttp, answering 200 at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+BODY = b'{"update_id": 1, "message": {"message_id": 1, "chat": {"id": 42, "type": "private"}}}'
+SERVER = """
+import sys
+from aiohttp import web
+async def ok(request):
+    await request.read()
+    return web.Response(text="{}")
+app = web.Application()
+app.router.add_post("/hook", ok)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+
+
+async def _rate(post: Callable[[], Awaitable[int]], concurrency: int, seconds: float) -> float:
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            assert await post() == 200
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / (time.perf_counter() - started)
+
+
+async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
+    results: dict[str, tuple[float, float]] = {}
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    clients = {
+        "httpx, default transport": lambda: httpx.AsyncClient(limits=limits),
+        "httpx over aiohttp (httpx-aiohttp)": lambda: httpx.AsyncClient(
+            transport=AiohttpTransport(), limits=limits
+        ),
+    }
+    for name, make in clients.items():
+        async with make() as client:
+
+            async def post(client: httpx.AsyncClient = client) -> int:
+                return (await client.post(url, content=BODY)).status_code
+
+            await _rate(post, 8, 0.5)  # warm the pool
+            results[name] = (await _rate(post, 1, seconds), await _rate(post, 64, seconds))
+    connector = aiohttp.TCPConnector(limit=64)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def post_aiohttp() -> int:
+            async with session.post(url, data=BODY) as response:
+                await response.read()
+                return response.status
+
+        await _rate(post_aiohttp, 8, 0.5)
+        results["aiohttp"] = (
+            await _rate(post_aiohttp, 1, seconds),
+            await _rate(post_aiohttp, 64, seconds),
+        )
+    return results
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def main(*, quick: bool = False) -> str:
+    port = _free_port()
+    server = await asyncio.create_subprocess_exec(sys.executable, "-c", SERVER, str(port))
+    try:
+        await asyncio.sleep(1.5)
+        results = await _measure(f"http://127.0.0.1:{port}/hook", 1.0 if quick else 5.0)
+    finally:
+        server.terminate()
+        await server.wait()
+    best = max(rate for _, rate in results.values())
+    rows = [
+        f"| {name} | {one:,.0f} | {many:,.0f} | {many / best:.2f} |"
+        for name, (one, many) in results.items()
+    ]
+    head = "| client | requests/s, 1 at a time | requests/s, 64 concurrent | x @64 |\n"
+    return head + "| --- | --- | --- | --- |\n" + "\n".join(rows)
