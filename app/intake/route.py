@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from starlette.requests import ClientDisconnect
 
 from app.config import Settings
 from app.intake.committer import CommitFailed, GroupCommitter
@@ -70,7 +71,10 @@ class Intake:
             source = client_address(peer, forwarded, settings.trusted_proxies)
             if not source_allowed(source, settings.allowed_sources):
                 return FORBIDDEN
-        body = await self._read_body(request)
+        try:
+            body = await self._read_body(request)
+        except ClientDisconnect:
+            return _error(400, "the client went away before the body was read")
         if body is None:
             return self._too_large
         text, update, problem = _parse(body)

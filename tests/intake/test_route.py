@@ -69,20 +69,32 @@ async def test_unknown_bot_and_bad_secret_are_the_same_403(
     assert response.json() == {"error": "forbidden"}
 
 
-async def test_403_comes_before_the_body_is_read(intake: Serve) -> None:
+@pytest.mark.parametrize(
+    ("bot", "secret", "answer"),
+    [
+        ("shop", "wrong", b"HTTP/1.1 403"),
+        ("nobody", SECRET, b"HTTP/1.1 403"),
+        ("shop", SECRET, b"HTTP/1.1 413"),  # the declared length alone is over the limit
+    ],
+    ids=["wrong-secret", "unknown-bot", "declared-too-large"],
+)
+async def test_answers_that_need_no_body_come_before_it(
+    intake: Serve, bot: str, secret: str, answer: bytes
+) -> None:
     async with intake() as (base, _):
         host, port = base.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         # A declared 10 MB body that never comes: the answer must not wait for it.
         writer.write(
-            b"POST /telegram/shop HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"X-Telegram-Bot-Api-Secret-Token: wrong\r\nContent-Length: 10000000\r\n\r\n"
+            f"POST /telegram/{bot} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"X-Telegram-Bot-Api-Secret-Token: {secret}\r\n"
+            "Content-Length: 10000000\r\n\r\n".encode()
         )
         await writer.drain()
         async with asyncio.timeout(5):
             status = await reader.readline()
         writer.close()
-    assert status.startswith(b"HTTP/1.1 403")
+    assert status.startswith(answer)
 
 
 @pytest.mark.parametrize(
