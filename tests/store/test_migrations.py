@@ -22,7 +22,7 @@ from app.store import ClaimIdentity, Completed, DueUpdate, SchemaError, SqlUpdat
 from app.store.engine import create_sync_engine
 from app.store.migrate import current_revision, downgrade, upgrade
 from app.store.schema import DEFAULT_TABLE, make_metadata, owns_function_name, version_table_name
-from tests.conftest import Storage
+from tests.conftest import Storage, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = DEFAULT_TABLE
@@ -70,12 +70,6 @@ def _insert(url: str, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             names, values = ", ".join(row), ", ".join(f":{name}" for name in row)
             connection.execute(text(f"INSERT INTO {TABLE} ({names}) VALUES ({values})"), row)
-
-
-def _rows(url: str, columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
-    query = f"SELECT {', '.join(columns)} FROM {TABLE} ORDER BY bot, update_id"
-    with _connect(url) as connection:
-        return [tuple(row) for row in connection.execute(text(query))]
 
 
 def _as_tuples(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -144,8 +138,8 @@ async def test_upgrade_keeps_rows_in_every_state(storage: Storage) -> None:
 
     upgrade(url)
 
-    assert _rows(url, BASE_COLUMNS) == _as_tuples(ROWS)
-    assert _rows(url, NEW_COLUMNS) == [(None, None, None)] * len(ROWS)
+    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(ROWS)
+    assert table_rows(url, *NEW_COLUMNS) == [(None, None, None)] * len(ROWS)
     async with _opened(url) as store:
         assert store.capability == "durable"
         identity = await store.claim_owned("bot-a", TOP, **LEASE)
@@ -163,7 +157,7 @@ async def test_downgrade_to_0001_and_back(storage: Storage) -> None:
 
     downgrade(url, "0001")
 
-    assert _rows(url, BASE_COLUMNS) == _as_tuples(ROWS)
+    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(ROWS)
     assert _columns(url) == set(BASE_COLUMNS)
     _assert_schema_is(storage, url, "0001")
     async with _opened(url) as store:
@@ -173,8 +167,9 @@ async def test_downgrade_to_0001_and_back(storage: Storage) -> None:
 
     upgrade(url)
 
-    assert _rows(url, BASE_COLUMNS) == _as_tuples(ROWS)
-    assert _rows(url, NEW_COLUMNS) == [(None, None, None)] * len(ROWS)  # dropped on the way down
+    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(ROWS)
+    # The 0002 columns were dropped on the way down.
+    assert table_rows(url, *NEW_COLUMNS) == [(None, None, None)] * len(ROWS)
     _assert_schema_is(storage, url, "0002")
     async with _opened(url) as store:
         assert store.capability == "durable"
@@ -194,7 +189,7 @@ async def test_downgrade_below_0002_refuses_to_lose_an_open_exhaustion(storage: 
         downgrade(url, "0001")
 
     assert current_revision(url) == "0002"
-    assert _rows(url, NEW_COLUMNS) == [("c-e", NOW - 50, None)]
+    assert table_rows(url, *NEW_COLUMNS) == [("c-e", NOW - 50, None)]
 
 
 IDENTITY = ClaimIdentity("bot-a", 1, 1, "c")
@@ -222,7 +217,7 @@ async def test_fenced_feature_on_0001_names_the_upgrade(storage: Storage, featur
             await FENCED[feature](store)
 
         # Nothing was written: the row is still pending, with no attempt spent.
-        assert _rows(url, ("state", "attempts")) == [("pending", 0)]
+        assert table_rows(url, *("state", "attempts")) == [("pending", 0)]
 
 
 async def test_base_methods_on_0001_work(storage: Storage) -> None:
