@@ -117,13 +117,13 @@ def _claimable(t: Table, now: int) -> ColumnElement[bool]:
     return or_(_in_state(t.c.state, "pending"), _lapsed_or_due(t, now))
 
 
+def _live(t: Table, at: int | ColumnElement[int]) -> ColumnElement[bool]:
+    """Leased, and the lease live at `at` (live at exactly due_at)."""
+    return and_(_in_state(t.c.state, "processing"), _lease(t) >= at)
+
+
 def _holds_lease(t: Table, bot: str, update_id: int, attempt: int, at: int) -> ColumnElement[bool]:
-    return and_(
-        _key(t, bot, update_id),
-        t.c.attempts == attempt,
-        _in_state(t.c.state, "processing"),
-        _lease(t) >= at,
-    )
+    return and_(_key(t, bot, update_id), t.c.attempts == attempt, _live(t, at))
 
 
 def _identity(t: Table, identity: ClaimIdentity) -> ColumnElement[bool]:
@@ -137,7 +137,7 @@ def _identity(t: Table, identity: ClaimIdentity) -> ColumnElement[bool]:
 
 def _owned(t: Table, identity: ClaimIdentity, at: int) -> ColumnElement[bool]:
     """The exact live claim: the identity and an unexpired lease."""
-    return and_(_identity(t, identity), _in_state(t.c.state, "processing"), _lease(t) >= at)
+    return and_(_identity(t, identity), _live(t, at))
 
 
 def _claim_values(
@@ -464,8 +464,7 @@ def settle_many_owned(t: Table) -> Update:
             t.c.update_id == batch.c.update_id,
             t.c.attempts == batch.c.attempt,
             t.c.claim_id == batch.c.claim_id,
-            _in_state(t.c.state, "processing"),
-            _lease(t) >= batch.c.at,
+            _live(t, batch.c.at),
         )
         .values(
             state=batch.c.state,
