@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import secrets
 import sys
 import tomllib
@@ -41,22 +43,47 @@ def _demo(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.model_copy(update={"bots": (bot,)})
 
 
+def _configuration_problem(settings: Settings, *, workers: bool, demo: bool) -> str | None:
+    if not settings.bots:
+        return (
+            "no bot configured: set INTAKE_SECRET_TOKEN, add [[bots]] to intake.toml, "
+            "or try `telegram-intake run --demo`"
+        )
+    missing = [bot.name for bot in settings.bots if bot.downstream_url is None]
+    if workers and missing and not demo:
+        return (
+            f"bots {missing} have no downstream_url: set INTAKE_DOWNSTREAM_URL or "
+            "downstream_url in their [[bots]] table (or use `serve`, which only records)"
+        )
+    return None
+
+
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.demo:
         settings = _demo(settings, args)
-    if not settings.bots:
-        print(
-            "no bot configured: set INTAKE_SECRET_TOKEN, add [[bots]] to intake.toml, "
-            "or try `telegram-intake run --demo`",
-            file=sys.stderr,
-        )
+    workers = args.command == "run"
+    problem = _configuration_problem(settings, workers=workers, demo=args.demo)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     if normalise_url(settings.database_url).get_backend_name() == "sqlite":
         # The embedded default migrates itself; PostgreSQL is migrated by the operator.
         migrate.upgrade(settings.database_url, table=settings.table)
     from app.main import create_app, server_config
 
-    uvicorn.Server(server_config(create_app(settings), host=args.host, port=args.port)).run()
+    app = create_app(settings, workers=workers)
+    uvicorn.Server(server_config(app, host=args.host, port=args.port)).run()
+    return 0
+
+
+def _worker(settings: Settings, _args: argparse.Namespace) -> int:
+    problem = _configuration_problem(settings, workers=True, demo=False)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    from app.worker import run_worker
+
+    asyncio.run(run_worker(settings))
     return 0
 
 
@@ -66,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, summary in (
-        ("run", "serve the intake in one process (SQLite is migrated at start)"),
-        ("serve", "serve the intake and API only"),
+        ("run", "serve the intake and run the workers in one process (SQLite is migrated)"),
+        ("serve", "serve the intake and API only (workers run elsewhere: `worker`)"),
     ):
         command = commands.add_parser(
             name,
@@ -83,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
             help="no configuration needed: bot 'default' with a generated secret, SQLite",
         )
         command.set_defaults(handler=_serve)
+    worker_command = commands.add_parser(
+        "worker",
+        help="run the workers only: claim, forward and settle (many processes may share one "
+        "PostgreSQL)",
+        description="Run the workers only. Example: INTAKE_DATABASE_URL=postgresql://db/intake "
+        "telegram-intake worker",
+    )
+    worker_command.set_defaults(handler=_worker)
     migrate_command = commands.add_parser(
         "migrate",
         help="migrate the database to the latest revision (= alembic upgrade head)",
@@ -94,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # --help needs no valid configuration
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         settings = Settings()
     except ValidationError as error:

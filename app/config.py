@@ -8,6 +8,8 @@ one `[[bots]]` table per bot; without it, one bot named `default` comes from the
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import os
 import re
@@ -35,6 +37,7 @@ from pydantic_settings import (
 from app.store import validate
 from app.store.engine import normalise_url
 from app.store.schema import DEFAULT_TABLE
+from app.store.types import Capability, Ordering
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/intake.db"
 DEFAULT_CONFIG_FILE = "intake.toml"
@@ -44,6 +47,14 @@ TELEGRAM_SOURCES = ("149.154.160.0/20", "91.108.4.0/22")
 SECRET_TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,256}$"  # noqa: S105 - a shape, not a secret
 
 Mode = Literal["plain", "fenced", "durable"]
+# Past these ages (seconds from receipt) a delivery can no longer help: Telegram has already
+# given up on the answer (inline and callback queries) or on the payment step.
+DEFAULT_DEADLINES = {
+    "inline_query": 30.0,
+    "callback_query": 150.0,
+    "shipping_query": 10.0,
+    "pre_checkout_query": 10.0,
+}
 Networks = Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], NoDecode]
 
 
@@ -65,11 +76,53 @@ class BotOptions(BaseModel):
     mode: Mode = "durable"
     max_attempts: int = Field(8, ge=1, le=1000)
     lease_seconds: float = Field(60, gt=0, le=86_400)
+    ordering: Ordering = "chat"
+    concurrency: int = Field(64, ge=1, le=10_000)  # this bot's attempts in flight, per process
+    forward_timeout_seconds: float = Field(30, gt=0, le=3600)
+    retry_base_seconds: float = Field(2, gt=0, le=86_400)
+    retry_cap_seconds: float = Field(600, gt=0, le=7 * 86_400)
+    retry_after_cap_seconds: float = Field(600, ge=0, le=7 * 86_400)
+    # Update type -> seconds from receipt; merged over DEFAULT_DEADLINES, 0 turns one off.
+    deadlines: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_DEADLINES))
+    breaker_failures: int = Field(5, ge=0, le=10_000)  # consecutive failures; 0: no breaker
+    breaker_cooldown_seconds: float = Field(30, gt=0, le=86_400)
 
     @field_validator("downstream_secret_token")
     @classmethod
     def _check_downstream_secret(cls, value: SecretStr | None) -> SecretStr | None:
         return _check_secret_token(value)
+
+    @field_validator("signing_secret")
+    @classmethod
+    def _check_signing_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            secret = value.get_secret_value().removeprefix("whsec_")
+            try:
+                key = base64.b64decode(secret, validate=True)
+            except binascii.Error:
+                key = b""
+            if len(key) < 16:
+                raise ValueError("must be whsec_ and base64 of at least 16 random bytes")
+        return value
+
+    @field_validator("deadlines")
+    @classmethod
+    def _merge_deadlines(cls, value: dict[str, float]) -> dict[str, float]:
+        for update_type, seconds in value.items():
+            if seconds < 0:
+                raise ValueError(f"{update_type}: {seconds} is negative (0 turns it off)")
+        merged = {**DEFAULT_DEADLINES, **value}
+        return {name: seconds for name, seconds in merged.items() if seconds > 0}
+
+    @property
+    def capability(self) -> Capability:
+        """The table capability this bot's mode needs (ADR 0256 decision 1)."""
+        return "base" if self.mode == "plain" else self.mode
+
+    def deadline_ms(self, update_type: str | None) -> int | None:
+        """How long after receipt an update of this type is still worth delivering."""
+        seconds = self.deadlines.get(update_type or "")
+        return None if seconds is None else int(seconds * 1000)
 
 
 class BotSettings(BotOptions):
@@ -115,6 +168,15 @@ class Settings(BaseSettings, BotOptions):
     commit_wait_ms: float = Field(0, ge=0, le=1_000)
     commit_timeout_ms: float = Field(5_000, gt=0, le=120_000)
     retry_after_seconds: int = Field(5, ge=1, le=3600)
+
+    # Workers (`run` and `worker`), per process.
+    worker_concurrency: int = Field(64, ge=1, le=10_000)  # attempts in flight, all bots
+    claim_batch: int = Field(64, ge=1, le=1_000)
+    poll_interval_seconds: float = Field(1.0, gt=0, le=3600)
+    shutdown_grace_seconds: float = Field(10, ge=0, le=3600)
+    retention_seconds: float = Field(86_400, gt=0)  # completed and acknowledged rows kept
+    prune_interval_seconds: float = Field(60, gt=0, le=86_400)
+    exhaustion_retry_seconds: float = Field(30, gt=0, le=86_400)
 
     @classmethod
     def settings_customise_sources(

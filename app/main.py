@@ -1,11 +1,13 @@
-"""The application: an app factory whose lifespan opens the store and starts the intake."""
+"""The application: an app factory whose lifespan opens the store and starts the intake
+(and, for `telegram-intake run`, the workers)."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
+import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -14,26 +16,19 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app import __version__
 from app.config import Settings
+from app.dispatch import Dispatcher, running_dispatcher
+from app.dispatch.clock import DatabaseClock
 from app.intake.committer import GroupCommitter
 from app.intake.route import Intake
 from app.intake.route import router as intake_router
 from app.store import SchemaError, SqlUpdateStore, open_store
-from app.store.errors import UPGRADE_HINT
-
-# A bot's mode needs this capability of the table (ADR 0256 decision 1).
-NEEDS = {"plain": "base", "fenced": "fenced", "durable": "durable"}
-LEVELS = ("base", "fenced", "durable")
+from app.store.wakeups import Announcer
 
 
 def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
     """Refuse to serve a bot whose mode the live schema cannot carry."""
     for bot in settings.bots:
-        needed = NEEDS[bot.mode]
-        if LEVELS.index(store.capability) < LEVELS.index(needed):
-            raise SchemaError(
-                f"bot {bot.name!r} runs in {bot.mode} mode, which needs a {needed} table; "
-                f"the table is {store.capability}: {UPGRADE_HINT}"
-            )
+        store.require(bot.capability, f"bot {bot.name!r} in {bot.mode} mode")
 
 
 def server_config(app: FastAPI, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
@@ -50,24 +45,51 @@ def server_config(app: FastAPI, *, host: str, port: int, log_level: str = "info"
     )
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Assemble the service. The store opens when the app starts and closes when it stops."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    workers: bool = False,
+    client: httpx.AsyncClient | None = None,
+) -> FastAPI:
+    """Assemble the service: the intake, and with `workers` the dispatcher in this process
+    (`telegram-intake run`). The store opens when the app starts and closes when it stops."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = await open_store(settings.database_url, table=settings.table)
-        try:
+        async with AsyncExitStack() as stack:
+            store = await open_store(settings.database_url, table=settings.table)
+            stack.push_async_callback(store.close)
             check_capability(settings, store)
+            announcer = Announcer(store)
+            stack.push_async_callback(announcer.stop)
+            dispatcher: Dispatcher | None = None
+            if workers:
+                dispatcher = await stack.enter_async_context(
+                    running_dispatcher(store, settings, client)
+                )
+                clock = dispatcher.clock
+            else:
+                clock = DatabaseClock(store)
+                await clock.sync()
+
+            def added() -> None:
+                if dispatcher is not None:
+                    dispatcher.wake()
+                announcer.poke()  # workers in other processes
+
             committer = GroupCommitter(
                 store,
                 max_batch=settings.commit_batch_max,
                 max_wait=settings.commit_wait_ms / 1000,
                 timeout=settings.commit_timeout_ms / 1000,
+                on_added=added,
             )
             await committer.start()
+            stack.push_async_callback(committer.stop)
             app.state.store = store
-            app.state.intake = Intake(settings, committer)
+            app.state.dispatcher = dispatcher
+            app.state.intake = Intake(settings, committer, clock.now)
             # Everything alive now lives as long as the process. Freezing it out of the
             # collector's reach keeps full collections short: unfrozen, they paused the
             # event loop for 10-70 ms several times a minute under load (the p99 tail). Each
@@ -76,12 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gc.collect()
             gc.freeze()
             gc.set_threshold(50_000, 20, 100)
-            try:
-                yield
-            finally:
-                await committer.stop()
-        finally:
-            await store.close()
+            yield
 
     app = FastAPI(title="telegram-intake", version=__version__, lifespan=lifespan)
     app.include_router(intake_router)

@@ -12,7 +12,9 @@ after all is then a duplicate, answered 200 and changed by nothing.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
+from app.batching import Batcher, Closed
 from app.store import NewUpdate, SqlUpdateStore, StoreUnavailable
 
 
@@ -20,7 +22,7 @@ class CommitFailed(Exception):
     """The batch holding this request's row was not confirmed committed."""
 
 
-class GroupCommitter:
+class GroupCommitter(Batcher[NewUpdate, bool]):
     """Batches `add` calls of concurrent requests into shared commits."""
 
     def __init__(
@@ -30,59 +32,28 @@ class GroupCommitter:
         max_batch: int = 500,
         max_wait: float = 0.0,
         timeout: float = 5.0,
+        on_added: Callable[[], None] | None = None,
     ) -> None:
+        super().__init__(max_batch=max_batch, max_wait=max_wait)
         self._store = store
-        self._max_batch = max_batch
-        self._max_wait = max_wait
         self._timeout = timeout
-        self._waiting: list[tuple[NewUpdate, asyncio.Future[bool]]] = []
-        self._wake = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
+        self._on_added = on_added
         self._inserts: set[asyncio.Task[set[tuple[str, int]]]] = set()
-        self._closing = False
-
-    async def start(self) -> None:
-        # One flusher: while its commit is in flight the next batch gathers, so batches grow
-        # with load (two flushers halved the batches and cost 12% of throughput).
-        self._flusher = asyncio.create_task(self._flush_forever())
 
     async def stop(self) -> None:
         """Commit what is waiting, then stop the flusher."""
-        self._closing = True
-        self._wake.set()
-        await asyncio.gather(*filter(None, [self._flusher]), *self._inserts, return_exceptions=True)
-        self._flusher = None
+        await super().stop()
+        await asyncio.gather(*self._inserts, return_exceptions=True)
 
-    async def submit(self, row: NewUpdate) -> bool:
-        """Record `row`; True when it was new, False for a duplicate. Returns only after the
+    async def submit(self, item: NewUpdate) -> bool:
+        """Record `item`; True when it was new, False for a duplicate. Returns only after the
         commit holding the row; raises CommitFailed when that commit is not confirmed."""
-        if self._closing:
-            raise CommitFailed("the intake is shutting down")
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiting.append((row, future))
-        self._wake.set()
         try:
-            return await future
-        finally:
-            # A failure's traceback holds this frame; without the future in it there is no
-            # cycle, and the request's body is freed as soon as the answer is sent.
-            del future
+            return await super().submit(item)
+        except Closed as error:
+            raise CommitFailed("the intake is shutting down") from error
 
-    async def _flush_forever(self) -> None:
-        while True:
-            await self._wake.wait()
-            if self._max_wait and len(self._waiting) < self._max_batch and not self._closing:
-                await asyncio.sleep(self._max_wait)
-            batch = self._waiting[: self._max_batch]
-            del self._waiting[: self._max_batch]
-            if not self._waiting:
-                self._wake.clear()
-            if batch:
-                await self._commit(batch)
-            if self._closing and not self._waiting:
-                return
-
-    async def _commit(self, batch: list[tuple[NewUpdate, asyncio.Future[bool]]]) -> None:
+    async def _flush(self, batch: list[tuple[NewUpdate, asyncio.Future[bool]]]) -> None:
         # The insert runs as its own task and is never cancelled: a driver cancelled mid-
         # statement cleans up only as fast as the database lets it (SQLite: the whole busy
         # timeout). Past the budget the batch answers 503 at once and the insert finishes on
@@ -111,11 +82,13 @@ class GroupCommitter:
                     # The rest would wait past their budget behind the retries: answer now.
                     self._fail(batch[index:], error)
                     return
-                await self._commit([item])
+                await self._flush([item])
         else:
             for row, future in batch:
                 if not future.done():  # a client that hung up cancelled its future
                     future.set_result((row.bot, row.update_id) in new)
+            if new and self._on_added is not None:
+                self._on_added()  # wake the workers: new updates are due
 
     def _forget(self, insert: asyncio.Task[set[tuple[str, int]]]) -> None:
         self._inserts.discard(insert)
@@ -123,8 +96,5 @@ class GroupCommitter:
             insert.exception()  # retrieved here too, for an insert that outlived its budget
 
     @staticmethod
-    def _fail(batch: list[tuple[NewUpdate, asyncio.Future[bool]]], error: Exception) -> None:
-        failure = CommitFailed(f"{type(error).__name__}: {error}")
-        for _, future in batch:
-            if not future.done():
-                future.set_exception(failure)
+    def _fail(batch: list[tuple[NewUpdate, asyncio.Future[bool]]], error: BaseException) -> None:
+        Batcher._fail(batch, CommitFailed(f"{type(error).__name__}: {error}"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -41,9 +42,17 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 class Intake:
     """The webhook intake for the configured bots."""
 
-    def __init__(self, settings: Settings, committer: GroupCommitter) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        committer: GroupCommitter,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self._settings = settings
         self._committer = committer
+        # Epoch ms for received_at: the database's clock when the process has one, so that
+        # rows from every intake host fall due by the same clock as the leases.
+        self._now = clock or (lambda: time.time_ns() // 1_000_000)
         self._secrets = {
             bot.name: bot.secret_token.get_secret_value().encode() for bot in settings.bots
         }
@@ -57,7 +66,7 @@ class Intake:
         )
 
     async def receive(self, bot: str, request: Request) -> Response:
-        received_at = time.time_ns() // 1_000_000
+        received_at = self._now()
         expected = self._secrets.get(bot)
         given = request.headers.get(SECRET_HEADER, "").encode()
         secret_ok = hmac.compare_digest(given, expected or self._decoy)

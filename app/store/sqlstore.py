@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
@@ -157,6 +158,25 @@ class SqlUpdateStore:
                 f"{feature} needs a {level} store but table {self.table.name!r} is at "
                 f"revision 0001 ({self._capability}); {UPGRADE_HINT}"
             )
+
+    @property
+    def wake_channel(self) -> str:
+        """The PostgreSQL notification channel that `announce` signals."""
+        return f"{self.table.name}_added"
+
+    async def database_time(self) -> int:
+        """The database's clock, epoch ms. SQLite's file is on this host: its clock is ours."""
+        if self._sqlite:
+            return time.time_ns() // 1_000_000
+        async with self._read() as connection:
+            return int((await connection.execute(queries.database_time())).scalar_one())
+
+    async def announce(self) -> None:
+        """Tell listening workers in other processes that new updates are due (PostgreSQL
+        NOTIFY on `wake_channel`; SQLite has no listeners to tell)."""
+        if not self._sqlite:
+            async with self._write() as connection:
+                await connection.execute(queries.announce(self.wake_channel))
 
     # -- transactions --------------------------------------------------------------------------
 

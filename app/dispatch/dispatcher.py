@@ -1,0 +1,434 @@
+"""The dispatcher: claim due updates, forward each attempt, keep its lease, settle it fenced.
+
+One claim loop per process takes batches with `claim_next_owned` (per-chat ordering is the
+database's: only the oldest non-terminal row of a chat is eligible), within a limit per
+process and per bot. It sleeps until woken: by the intake in this process, by a PostgreSQL
+NOTIFY from an intake elsewhere, by a retry falling due, by an attempt ending (which may
+unblock its chat), or by the poll interval. Every comparison with a lease uses the database's
+clock (`DatabaseClock`).
+
+Each attempt is a task. The lease keeper renews its lease every lease/3 while the request
+runs; a refused renewal, or the last proven lease running out, is the owner-lost signal: the
+request is cancelled, nothing is settled, and a late answer is ignored. A fenced settle that
+returns False also means the claim was lost, never success. On `stop`, claiming ends, attempts
+get `shutdown_grace_seconds` to finish, and the rest are handed back with a fenced settle that
+makes them due at once, so another process retakes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from app.config import BotSettings, Settings
+from app.dispatch.breaker import Breaker
+from app.dispatch.clock import DatabaseClock, wait_or_timeout
+from app.dispatch.forward import Downstream
+from app.dispatch.maintenance import ExhaustionDelivery, prune_forever
+from app.dispatch.policy import Outcome, retry_delay_ms
+from app.dispatch.settler import Settler
+from app.store import (
+    Abandoned,
+    Claimed,
+    ClaimIdentity,
+    Completed,
+    Failed,
+    Settlement,
+    SqlUpdateStore,
+    StoreError,
+    StoreUnavailable,
+)
+from app.store.wakeups import listen
+
+log = logging.getLogger(__name__)
+
+# A plain bot's attempts have no claim_id (revision 0001); this stands in, never sent or stored.
+PLAIN_CLAIM = "(plain)"
+EXPIRED = "expired"
+HANDED_BACK = "handed back: the worker was shutting down"
+
+
+class Lane:
+    """One bot's share of a dispatcher: its settings, downstream, breaker, attempts in flight."""
+
+    def __init__(self, bot: BotSettings, client: httpx.AsyncClient) -> None:
+        self.bot = bot
+        self.name = bot.name
+        self.plain = bot.mode == "plain"
+        self.durable = bot.mode == "durable"
+        self.lease_ms = int(bot.lease_seconds * 1000)
+        self.downstream = Downstream(bot, client)
+        self.breaker = Breaker(
+            bot.name, failures=bot.breaker_failures, cooldown=bot.breaker_cooldown_seconds
+        )
+        self.in_flight = 0
+
+
+@dataclass(eq=False, slots=True)
+class Attempt:
+    lane: Lane
+    identity: ClaimIdentity
+    body: str
+    update_type: str | None
+    received_at: int
+    lease_until: int  # the last proven lease: due_at as this attempt last wrote it
+    renewed_at: int
+    task: asyncio.Task[None] | None = None
+    forwarding: bool = True  # the request is in flight (only then is it cancelled)
+    renewing: bool = False
+    lost: bool = False
+    handed_back: bool = False
+
+    def describe(self) -> str:
+        i = self.identity
+        return f"bot={i.bot} update_id={i.update_id} attempt={i.attempt} claim_id={i.claim_id}"
+
+
+class Dispatcher:
+    """The workers of one process, for the bots given (default: every bot of `settings`)."""
+
+    def __init__(
+        self,
+        store: SqlUpdateStore,
+        settings: Settings,
+        client: httpx.AsyncClient,
+        *,
+        bots: Sequence[BotSettings] | None = None,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._lanes = [Lane(bot, client) for bot in (settings.bots if bots is None else bots)]
+        self._clock = DatabaseClock(store)
+        self._settler = Settler(store)
+        self._capacity = settings.worker_concurrency
+        self._batch = settings.claim_batch
+        # Saturated, claim again only once a quarter batch is free: not one row per statement.
+        self._refill = max(1, min(self._batch, self._capacity) // 4)
+        self._tick = min(1.0, min((lane.lease_ms for lane in self._lanes), default=6000) / 6000)
+        self._attempts: set[Attempt] = set()
+        self._in_flight = 0
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._background: list[asyncio.Task[None]] = []
+        self._renewals: set[asyncio.Task[None]] = set()
+        self._claim_loop: asyncio.Task[None] | None = None
+        self.owner_lost = 0  # attempts that found their claim taken or lapsed
+        exhaustion_targets = {
+            lane.name: lane.downstream
+            for lane in self._lanes
+            if lane.durable and lane.bot.exhaustion_url is not None
+        }
+        self._exhaustions = (
+            ExhaustionDelivery(
+                store,
+                self._clock,
+                exhaustion_targets,
+                retry_seconds=settings.exhaustion_retry_seconds,
+            )
+            if exhaustion_targets
+            else None
+        )
+
+    @property
+    def clock(self) -> DatabaseClock:
+        return self._clock
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def wake(self) -> None:
+        """New updates are due: look now instead of at the next poll."""
+        self._wake.set()
+
+    async def start(self) -> None:
+        for lane in self._lanes:
+            self._store.require(lane.bot.capability, f"bot {lane.name!r} in {lane.bot.mode} mode")
+        await self._clock.sync()
+        await self._settler.start()
+        settings = self._settings
+        background = [
+            self._keep_leases(),
+            self._clock.run(),
+            listen(self._store, self.wake),
+            prune_forever(
+                self._store,
+                self._clock,
+                retention_ms=int(settings.retention_seconds * 1000),
+                interval=settings.prune_interval_seconds,
+            ),
+        ]
+        if self._exhaustions is not None:
+            background.append(self._exhaustions.run())
+        self._background = [asyncio.create_task(job) for job in background]
+        self._claim_loop = asyncio.create_task(self._claim_forever())
+
+    async def stop(self) -> None:
+        """Stop claiming, give attempts the grace period, hand the rest back, stop."""
+        self._stopping = True
+        self._wake.set()
+        if self._claim_loop is not None:
+            await asyncio.gather(self._claim_loop, return_exceptions=True)
+        tasks = [attempt.task for attempt in self._attempts if attempt.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._settings.shutdown_grace_seconds)
+        for attempt in list(self._attempts):
+            if attempt.forwarding and attempt.task is not None:
+                attempt.handed_back = True
+                attempt.task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._settler.stop()
+        for job in [*self._background, *self._renewals]:
+            job.cancel()
+        await asyncio.gather(*self._background, *self._renewals, return_exceptions=True)
+
+    # -- claiming ------------------------------------------------------------------------------
+
+    async def _claim_forever(self) -> None:
+        rotation = 0
+        pause = 0.0
+        while not self._stopping:
+            self._wake.clear()
+            if self._capacity - self._in_flight < self._refill:
+                await self._wake.wait()
+                continue
+            more = False
+            failed = False
+            lanes = self._lanes[rotation:] + self._lanes[:rotation]
+            rotation = (rotation + 1) % max(1, len(self._lanes))
+            for lane in lanes:
+                free = min(self._capacity - self._in_flight, lane.bot.concurrency - lane.in_flight)
+                wanted = lane.breaker.allowance(min(free, self._batch))
+                if wanted <= 0 or self._stopping:
+                    continue
+                try:
+                    started = await self._claim(lane, wanted)
+                except StoreError as error:
+                    log.warning("claim for bot %r failed: %s", lane.name, error)
+                    failed = True
+                    continue
+                lane.breaker.started(started)
+                more = more or started == wanted
+            if failed:
+                # The database is down or struggling: back off instead of spinning on wakes.
+                pause = min(max(pause * 2, 0.05), self._settings.poll_interval_seconds)
+                await asyncio.sleep(pause)
+                continue
+            pause = 0.0
+            if not more:
+                await wait_or_timeout(self._wake, self._idle_seconds())
+
+    def _idle_seconds(self) -> float:
+        poll = self._settings.poll_interval_seconds
+        probes = [
+            lane.breaker.seconds_until_probe()
+            for lane in self._lanes
+            if lane.breaker.state != "closed"
+        ]
+        return min([poll, *probes]) if probes else poll
+
+    async def _claim(self, lane: Lane, wanted: int) -> int:
+        now = self._clock.now()
+        lease_until = now + lane.lease_ms
+        if lane.plain:
+            return await self._claim_plain(lane, wanted, now, lease_until)
+        claimed = await self._store.claim_next_owned(
+            now=now,
+            lease_until=lease_until,
+            max_attempts=lane.bot.max_attempts,
+            limit=wanted,
+            ordering=lane.bot.ordering,
+            bots=[lane.name],
+            durable_exhaustion=lane.durable,
+        )
+        for row in claimed:
+            self._start(lane, row, lease_until, now)
+        return len(claimed)
+
+    async def _claim_plain(self, lane: Lane, wanted: int, now: int, lease_until: int) -> int:
+        """A plain bot on the base methods: list due rows, then claim them one by one (a rival
+        may take any of them first; the claim's condition settles who)."""
+        due = await self._store.due(now=now, pending_before=now, limit=self._batch)
+        started = 0
+        for row in due:
+            if row.bot != lane.name or started == wanted:
+                continue
+            attempt = await self._store.claim(
+                row.bot,
+                row.update_id,
+                now=now,
+                lease_until=lease_until,
+                max_attempts=lane.bot.max_attempts,
+            )
+            if attempt is not None:
+                identity = ClaimIdentity(row.bot, row.update_id, attempt, PLAIN_CLAIM)
+                self._start(lane, Claimed(identity, row.body, None, None, now), lease_until, now)
+                started += 1
+        return started
+
+    def _start(self, lane: Lane, claimed: Claimed, lease_until: int, now: int) -> None:
+        attempt = Attempt(
+            lane,
+            claimed.identity,
+            claimed.body,
+            claimed.update_type,
+            claimed.received_at,
+            lease_until,
+            now,
+        )
+        lane.in_flight += 1
+        self._in_flight += 1
+        self._attempts.add(attempt)
+        attempt.task = asyncio.create_task(self._run(attempt))
+
+    # -- one attempt ---------------------------------------------------------------------------
+
+    async def _run(self, attempt: Attempt) -> None:
+        lane = attempt.lane
+        try:
+            deadline = lane.bot.deadline_ms(attempt.update_type)
+            if deadline is not None and self._clock.now() > attempt.received_at + deadline:
+                attempt.forwarding = False
+                await self._end(attempt, EXPIRED)
+                return
+            try:
+                outcome = await lane.downstream.forward(
+                    attempt.identity, attempt.body, attempt.lease_until
+                )
+            except asyncio.CancelledError:
+                if attempt.handed_back:
+                    attempt.forwarding = False
+                    now = self._clock.now()
+                    await self._settle(attempt, Failed(now, now, HANDED_BACK))
+                    return
+                if attempt.lost:
+                    return  # owner lost: nothing to settle, and no answer to wait for
+                raise
+            attempt.forwarding = False
+            if attempt.lost:
+                log.info("%s: late answer ignored (the claim was lost)", attempt.describe())
+                return
+            lane.breaker.record(failed=outcome.downstream_failed)
+            await self._conclude(attempt, outcome)
+        except StoreError as error:
+            log.warning(
+                "%s: could not settle (%s); redelivered once its lease lapses",
+                attempt.describe(),
+                error,
+            )
+        finally:
+            self._attempts.discard(attempt)
+            lane.in_flight -= 1
+            self._in_flight -= 1
+            self._wake.set()  # capacity is free, and the chat's next update may be eligible
+
+    async def _conclude(self, attempt: Attempt, outcome: Outcome) -> None:
+        now = self._clock.now()
+        bot = attempt.lane.bot
+        if outcome.kind == "completed":
+            await self._settle(attempt, Completed(now))
+        elif outcome.kind == "deferred":
+            log.debug("%s: deferred, the downstream settles it", attempt.describe())
+        elif outcome.kind == "terminal":
+            await self._end(attempt, outcome.error or "terminal")
+        elif attempt.identity.attempt >= bot.max_attempts:
+            await self._end(attempt, f"attempts spent; last: {outcome.error}")
+        else:
+            retry_at = now + retry_delay_ms(bot, attempt.identity.attempt, outcome)
+            deadline = bot.deadline_ms(attempt.update_type)
+            if deadline is not None and retry_at > attempt.received_at + deadline:
+                await self._end(attempt, EXPIRED)
+                return
+            error = outcome.error or "retry"
+            if await self._settle(attempt, Failed(now, retry_at, error)):
+                loop = asyncio.get_running_loop()
+                loop.call_later(self._clock.seconds_until(retry_at), self._wake.set)
+
+    async def _end(self, attempt: Attempt, error: str) -> None:
+        """A terminal outcome: an exhaustion on a durable bot, abandoned otherwise."""
+        now = self._clock.now()
+        if not attempt.lane.durable:
+            await self._settle(attempt, Abandoned(now, error))
+            return
+        if await self._store.exhaust(attempt.identity, now, error):
+            log.warning("%s: exhausted (%s)", attempt.describe(), error)
+            if self._exhaustions is not None:
+                self._exhaustions.wake()
+        else:
+            self._lost(attempt, "exhaust refused")
+
+    async def _settle(self, attempt: Attempt, settlement: Settlement) -> bool:
+        """A fenced settle, retried while the database is unavailable and the lease holds."""
+        identity = attempt.identity
+        pause = 0.05
+        while True:
+            try:
+                if attempt.lane.plain:
+                    await self._store.settle(
+                        identity.bot, identity.update_id, identity.attempt, settlement
+                    )
+                    return True
+                if await self._settler.submit((identity, settlement)):
+                    return True
+                self._lost(attempt, "settle refused")
+                return False
+            except StoreUnavailable:
+                if self._clock.now() + pause * 1000 > attempt.lease_until:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def _keep_leases(self) -> None:
+        tick_ms = self._tick * 1000
+        while True:
+            await asyncio.sleep(self._tick)
+            now = self._clock.now()
+            for attempt in list(self._attempts):
+                if not attempt.forwarding or attempt.lost:
+                    continue
+                if now + tick_ms >= attempt.lease_until:
+                    # It would lapse before the next look: stop the request while the lease
+                    # still holds, rather than let it run on unowned.
+                    self._lost(attempt, "its lease ran out unrenewed")
+                elif not attempt.renewing and now - attempt.renewed_at >= attempt.lane.lease_ms / 3:
+                    attempt.renewing = True
+                    renewal = asyncio.create_task(self._renew(attempt, now))
+                    self._renewals.add(renewal)
+                    renewal.add_done_callback(self._renewals.discard)
+
+    async def _renew(self, attempt: Attempt, now: int) -> None:
+        identity = attempt.identity
+        lease_until = now + attempt.lane.lease_ms
+        try:
+            if attempt.lane.plain:
+                renewed = await self._store.renew(
+                    identity.bot, identity.update_id, identity.attempt, lease_until, now=now
+                )
+            else:
+                renewed = await self._store.renew_owned(identity, lease_until, now=now)
+        except StoreError as error:
+            log.warning("%s: renewal failed (%s); will retry", attempt.describe(), error)
+            return
+        finally:
+            attempt.renewing = False
+        if renewed:
+            attempt.lease_until = max(attempt.lease_until, lease_until)
+            attempt.renewed_at = now
+        else:
+            self._lost(attempt, "renewal refused")
+
+    def _lost(self, attempt: Attempt, why: str) -> None:
+        """The advisory owner-lost signal: cancel the request, settle nothing."""
+        if attempt.lost:
+            return
+        attempt.lost = True
+        self.owner_lost += 1
+        log.warning("%s: owner lost (%s)", attempt.describe(), why)
+        if attempt.forwarding and attempt.task is not None:
+            attempt.task.cancel()

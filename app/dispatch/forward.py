@@ -1,0 +1,87 @@
+"""Forwarding one attempt to the bot's own handler (SPEC section 6).
+
+The body is the stored raw update, byte for byte. Headers carry the attempt's full identity
+(`X-Intake-*`), the downstream secret under Telegram's own header name (so an unmodified
+aiogram, python-telegram-bot, grammY or Telegraf webhook handler accepts the request), and a
+Standard Webhooks signature when the bot has a `signing_secret`. A `plain` bot forwards the
+bare update: no identity, as a table at revision 0001 has none.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import httpx
+from standardwebhooks import Webhook
+
+from app.config import BotSettings
+from app.dispatch.policy import Outcome, classify, classify_error
+from app.store import ClaimIdentity
+
+
+class Downstream:
+    """Where one bot's attempts go, and how they are addressed and signed."""
+
+    def __init__(self, bot: BotSettings, client: httpx.AsyncClient) -> None:
+        if bot.downstream_url is None:
+            raise ValueError(f"bot {bot.name!r} has no downstream_url")
+        self.bot = bot
+        self._client = client
+        self._url = httpx.URL(str(bot.downstream_url))
+        self._exhaustion_url = None if bot.exhaustion_url is None else str(bot.exhaustion_url)
+        self._headers = {"content-type": "application/json"}
+        if bot.downstream_secret_token is not None:
+            secret = bot.downstream_secret_token.get_secret_value()
+            self._headers["x-telegram-bot-api-secret-token"] = secret
+        self._signer = (
+            None if bot.signing_secret is None else Webhook(bot.signing_secret.get_secret_value())
+        )
+        self._timeout = httpx.Timeout(bot.forward_timeout_seconds)
+
+    async def forward(self, identity: ClaimIdentity, body: str, lease_until: int) -> Outcome:
+        """POST one attempt; what its answer means. Never raises for the downstream's sake."""
+        headers = dict(self._headers)
+        if self.bot.mode != "plain":
+            headers["x-intake-bot"] = identity.bot
+            headers["x-intake-update-id"] = str(identity.update_id)
+            headers["x-intake-attempt"] = str(identity.attempt)
+            headers["x-intake-claim-id"] = identity.claim_id
+            headers["x-intake-lease-expires-at"] = str(lease_until)
+        self._sign(headers, f"{identity.bot}:{identity.update_id}", body)
+        return await self._post(self._url, headers, body)
+
+    async def deliver_exhaustion(self, identity: ClaimIdentity, payload: str) -> Outcome:
+        """POST an exhaustion record to `exhaustion_url`, keyed for idempotency by the
+        identity of the attempt that ended the update."""
+        if self._exhaustion_url is None:
+            raise ValueError(f"bot {self.bot.name!r} has no exhaustion_url")
+        key = f"{identity.bot}:{identity.update_id}:{identity.attempt}:{identity.claim_id}"
+        headers = {"content-type": "application/json", "idempotency-key": key}
+        self._sign(headers, f"exhaustion:{key}", payload)
+        return await self._post(httpx.URL(self._exhaustion_url), headers, payload)
+
+    def _sign(self, headers: dict[str, str], message_id: str, body: str) -> None:
+        if self._signer is None:
+            return
+        timestamp = datetime.now(tz=UTC)
+        headers["webhook-id"] = message_id
+        headers["webhook-timestamp"] = str(int(timestamp.timestamp()))
+        headers["webhook-signature"] = self._signer.sign(message_id, timestamp, body)
+
+    async def _post(self, url: httpx.URL, headers: dict[str, str], body: str) -> Outcome:
+        request = self._client.build_request(
+            "POST", url, headers=headers, content=body.encode(), timeout=self._timeout
+        )
+        try:
+            response = await self._client.send(request)
+        except httpx.HTTPError as error:
+            return classify_error(error)
+        return classify(response)
+
+
+def open_client(max_connections: int) -> httpx.AsyncClient:
+    """The forwarding client: httpx's API, no redirects followed, no cookies kept."""
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections
+    )
+    return httpx.AsyncClient(limits=limits, follow_redirects=False)
