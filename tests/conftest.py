@@ -7,14 +7,18 @@ server fails the PostgreSQL tests; it never skips them.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import uvicorn
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -124,3 +128,27 @@ def _no_outside_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
         if name.startswith("INTAKE_") and not name.startswith("INTAKE_TEST_"):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
+
+
+@asynccontextmanager
+async def serve_asgi(app: Any) -> AsyncIterator[str]:
+    """Run an ASGI app under uvicorn on 127.0.0.1:<ephemeral>, in a thread with its own event
+    loop (as in production, the test's client does not share the server's loop); yields its
+    base URL."""
+    from app.main import server_config
+
+    config = server_config(app, host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        async with asyncio.timeout(15):
+            while not server.started:
+                if not thread.is_alive():
+                    raise RuntimeError("uvicorn stopped before it started")
+                await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 15)

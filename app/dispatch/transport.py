@@ -144,7 +144,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             response.status,
             headers=response.raw_headers,
-            content=body,
+            stream=httpx.ByteStream(body),
             extensions={**_HTTP_11, TRUNCATED: truncated},
         )
 

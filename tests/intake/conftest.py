@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from pydantic import SecretStr
 
 from app.config import BotSettings, Settings
-from app.main import create_app, server_config
-from tests.conftest import Storage
+from app.main import create_app
+from tests.conftest import Storage, serve_asgi
 
 SECRET = "s3cret-token_for-tests"
 BOTS = (
@@ -25,25 +22,10 @@ BOTS = (
 
 
 @asynccontextmanager
-async def serve(settings: Settings) -> AsyncIterator[str]:
-    """Run the app under uvicorn on 127.0.0.1:<ephemeral>, in a thread with its own event
-    loop (as in production, the test's client does not share the server's loop); yields its
-    base URL."""
-    config = server_config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    try:
-        async with asyncio.timeout(15):
-            while not server.started:
-                if not thread.is_alive():
-                    raise RuntimeError("uvicorn stopped before it started")
-                await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.to_thread(thread.join, 15)
+async def serve(settings: Settings, **options: Any) -> AsyncIterator[str]:
+    """The service over `settings` under uvicorn on an ephemeral port; yields its base URL."""
+    async with serve_asgi(create_app(settings, **options)) as base:
+        yield base
 
 
 Serve = Callable[..., AbstractAsyncContextManager[tuple[str, str]]]

@@ -1,0 +1,415 @@
+"""The dispatcher end to end, in this process: a real store on each backend, a real
+downstream server, and a rival dispatcher where a test needs one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from standardwebhooks import Webhook
+
+from app.dispatch.dispatcher import HANDED_BACK
+from app.store import ClaimIdentity, Completed, SchemaError, StoreUnavailable, open_store
+from tests.conftest import Storage, table_rows
+from tests.dispatch.conftest import (
+    DOWNSTREAM_SECRET,
+    SIGNING_SECRET,
+    FakeDownstream,
+    Received,
+    bot,
+    dispatching,
+    eventually,
+    hang,
+    message,
+    now_ms,
+    settings_for,
+    status,
+)
+
+COLUMNS = ("update_id", "state", "attempts", "error")
+
+
+def rows(url: str, *columns: str) -> list[tuple[Any, ...]]:
+    """The table now (only while no dispatcher runs in this loop: it blocks the loop)."""
+    return table_rows(url, *(columns or COLUMNS))
+
+
+async def until(
+    url: str, holds: Callable[[list[tuple[Any, ...]]], bool], *columns: str, within: float = 15
+) -> list[tuple[Any, ...]]:
+    """Poll the table, off the event loop, until `holds(rows)`; the rows."""
+
+    async def check() -> list[tuple[Any, ...]] | None:
+        found = await asyncio.to_thread(table_rows, url, *(columns or COLUMNS))
+        return found if holds(found) else None
+
+    result: list[tuple[Any, ...]] = await eventually(check, within=within)
+    return result
+
+
+async def test_dispatch_forwards_the_body_byte_for_byte_with_identity_and_signature(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url()
+    body = message(7, text="byte for byte: ünïcödé, spaces  and \\u escapes")
+    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
+        assert await store.add("shop", 7, body, now_ms(), update_type="message", queue_key="c:42")
+        await until(url, lambda r: r[0][1] == "completed")
+    (seen,) = downstream.received
+    assert seen.body == body.encode()
+    assert seen.headers["content-type"] == "application/json"
+    assert seen.headers["x-telegram-bot-api-secret-token"] == DOWNSTREAM_SECRET
+    assert seen.headers["x-intake-bot"] == "shop"
+    assert seen.headers["x-intake-update-id"] == "7"
+    assert seen.headers["x-intake-attempt"] == "1"
+    (claim_id,) = rows(url, "claim_id")[0]
+    assert seen.headers["x-intake-claim-id"] == claim_id
+    assert int(seen.headers["x-intake-lease-expires-at"]) > now_ms()
+    assert seen.headers["webhook-id"] == "shop:7"
+    Webhook(SIGNING_SECRET).verify(seen.body, seen.headers)  # raises if tampered
+    assert rows(url) == [(7, "completed", 1, None)]
+
+
+async def test_dispatch_retries_a_500_and_then_completes(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    async def flaky(received: Received, request: object) -> object:
+        return await (status(500) if received.attempt == 1 else status(200))(received, request)  # type: ignore[arg-type]
+
+    downstream.answer = flaky  # type: ignore[assignment]
+    url = storage.url()
+    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await until(url, lambda r: r[0][1] == "completed")
+    assert [r.attempt for r in downstream.received] == [1, 2]
+    assert rows(url)[0][:3] == (1, "completed", 2)
+
+
+async def test_dispatch_honours_retry_after_on_429(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    async def limited(received: Received, request: object) -> object:
+        answer = status(429, {"Retry-After": "1"}) if received.attempt == 1 else status(200)
+        return await answer(received, request)  # type: ignore[arg-type]
+
+    downstream.answer = limited  # type: ignore[assignment]
+    url = storage.url()
+    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await until(url, lambda r: r[0][1] == "completed")
+    first, second = downstream.received
+    # The backoff alone would be at most 50 ms; the downstream asked for one second.
+    assert second.at - first.at >= 0.95
+
+
+async def test_a_terminal_4xx_becomes_an_exhaustion_delivered_and_acknowledged(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    downstream.answer = status(404)
+    url = storage.url()
+    shop = bot(downstream, exhaustion_url=f"{downstream.url}/exhausted")
+    body = message(3)
+    async with dispatching(settings_for(url, shop)) as (_, store):
+        await store.add("shop", 3, body, now_ms())
+        await until(url, lambda r: r[0][0] is not None, "acknowledged_at")
+    assert len(downstream.received) == 1  # a terminal answer is not retried
+    (record,) = downstream.exhaustions
+    state, attempts, claim_id, error = rows(url, "state", "attempts", "claim_id", "error")[0]
+    assert (state, attempts) == ("abandoned", 1)
+    assert error.startswith("HTTP 404")
+    assert record.headers["idempotency-key"] == f"shop:3:1:{claim_id}"
+    payload = json.loads(record.body)
+    assert payload["update"] == json.loads(body)
+    assert (payload["bot"], payload["update_id"], payload["attempt"]) == ("shop", 3, 1)
+    assert payload["claim_id"] == claim_id
+    assert payload["error"] == error
+    Webhook(SIGNING_SECRET).verify(record.body, record.headers)
+
+
+async def test_an_exhaustion_undelivered_before_a_restart_is_delivered_after_it(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    downstream.answer = status(400)
+    downstream.exhaustion_answer = status(503)  # the exhaustion_url is down
+    url = storage.url()
+    shop = bot(downstream, exhaustion_url=f"{downstream.url}/exhausted")
+    async with dispatching(settings_for(url, shop)) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await eventually(lambda: len(downstream.exhaustions) >= 1)
+    assert rows(url, "exhausted_at", "acknowledged_at")[0][1] is None
+    downstream.exhaustion_answer = status(200)
+    async with dispatching(settings_for(url, shop)):
+        await until(url, lambda r: r[0][0] is not None, "acknowledged_at")
+    assert len(downstream.received) == 1
+
+
+async def test_a_failing_exhaustion_does_not_starve_the_ones_after_it(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    async def first_fails(received: Received, request: object) -> object:
+        code = 500 if json.loads(received.body)["update_id"] == 1 else 200
+        return await status(code)(received, request)  # type: ignore[arg-type]
+
+    downstream.answer = status(400)
+    downstream.exhaustion_answer = first_fails  # type: ignore[assignment]
+    url = storage.url()
+    shop = bot(downstream, exhaustion_url=f"{downstream.url}/exhausted", ordering="none")
+    async with dispatching(settings_for(url, shop)) as (_, store):
+        for update_id in range(1, 6):
+            await store.add("shop", update_id, message(update_id, chat=update_id), now_ms())
+        await until(
+            url,
+            lambda r: [a is not None for (a,) in r] == [False, True, True, True, True],
+            "acknowledged_at",
+        )
+
+
+async def test_a_202_defers_the_settle_to_the_downstream(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    downstream.answer = status(202)
+    url = storage.url()
+    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
+        await store.add("shop", 5, message(5), now_ms())
+        await eventually(lambda: downstream.received)
+        (seen,) = downstream.received
+        identity = ClaimIdentity(
+            "shop", 5, int(seen.headers["x-intake-attempt"]), seen.headers["x-intake-claim-id"]
+        )
+        await asyncio.sleep(0.3)  # the dispatcher has had its chance to settle, and must not have
+        assert (await until(url, lambda r: True))[0][1] == "processing"
+        # The downstream settles, as it would through the callback API.
+        assert await store.settle_owned(identity, Completed(now_ms()))
+    assert rows(url)[0][1] == "completed"
+    assert len(downstream.received) == 1
+
+
+async def test_an_expired_callback_query_is_exhausted_without_delivery(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url()
+    body = json.dumps({"update_id": 9, "callback_query": {"id": "1", "data": "x"}})
+    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
+        received_at = now_ms() - 151_000  # Telegram stopped waiting for the answer
+        await store.add("shop", 9, body, received_at, update_type="callback_query")
+        await until(url, lambda r: r[0][1] == "abandoned")
+    assert rows(url) == [(9, "abandoned", 1, "expired")]
+    assert rows(url, "exhausted_at")[0][0] is not None
+    assert downstream.received == []
+
+
+async def test_a_retry_that_would_land_after_the_deadline_expires_instead(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    downstream.answer = status(503, {"Retry-After": "60"})
+    url = storage.url()
+    body = json.dumps({"update_id": 4, "inline_query": {"id": "1", "query": "q"}})
+    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
+        await store.add("shop", 4, body, now_ms(), update_type="inline_query")
+        await until(url, lambda r: r[0][1] == "abandoned")
+    assert rows(url) == [(4, "abandoned", 1, "expired")]
+
+
+async def test_spent_attempts_end_as_an_exhaustion_with_the_last_error(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    downstream.answer = status(500)
+    url = storage.url()
+    async with dispatching(settings_for(url, bot(downstream, max_attempts=3))) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await until(url, lambda r: r[0][1] == "abandoned")
+    (_update_id, state, attempts, error) = rows(url)[0]
+    assert (state, attempts) == ("abandoned", 3)
+    assert error.startswith("attempts spent; last: HTTP 500")
+    assert len(downstream.received) == 3
+
+
+async def test_a_fenced_bot_abandons_on_a_terminal_answer_without_exhaustion(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    downstream.answer = status(403)
+    url = storage.url()
+    async with dispatching(settings_for(url, bot(downstream, mode="fenced"))) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await until(url, lambda r: r[0][1] == "abandoned")
+    assert rows(url, "exhausted_at", "settled_at")[0][0] is None
+    assert downstream.received[0].headers["x-intake-attempt"] == "1"
+
+
+async def test_chat_ordering_keeps_one_update_of_a_chat_in_flight(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url()
+    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
+        for update_id in range(1, 31):
+            chat = update_id % 3
+            await store.add(
+                "shop", update_id, message(update_id, chat=chat), now_ms(), queue_key=f"c:{chat}"
+            )
+        await until(url, lambda r: all(state == "completed" for _, state, _, _ in r))
+    by_chat: dict[int, list[int]] = {}
+    for seen in downstream.received:
+        by_chat.setdefault(json.loads(seen.body)["message"]["chat"]["id"], []).append(
+            seen.update_id
+        )
+    assert all(ids == sorted(ids) and len(ids) == 10 for ids in by_chat.values())
+
+
+async def test_a_hung_request_loses_its_claim_when_renewal_fails_and_the_rival_completes_it(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    """The fence in action: worker A's request hangs and A cannot renew (cut off from the
+    database); its lease runs out, the owner-lost signal cancels the request, the rival B
+    reclaims and completes, and A's stale identity can settle nothing."""
+
+    async def first_hangs(received: Received, request: object) -> object:
+        return await (hang if received.attempt == 1 else status(200))(received, request)  # type: ignore[arg-type]
+
+    downstream.answer = first_hangs  # type: ignore[assignment]
+    url = storage.url()
+    settings = settings_for(url, bot(downstream, lease_seconds=1))
+    async with dispatching(settings) as (worker_a, store_a):
+
+        async def cut_off(*_args: object, **_kwargs: object) -> bool:
+            raise StoreUnavailable("network partition (test)")
+
+        store_a.renew_owned = cut_off  # type: ignore[method-assign]
+        await store_a.add("shop", 1, message(1), now_ms())
+        await eventually(lambda: downstream.received)
+        async with dispatching(settings):  # the rival
+            await until(url, lambda r: r[0][1] == "completed")
+        await eventually(lambda: downstream.received[0].disconnected)
+        assert worker_a.owner_lost == 1
+        first = downstream.received[0]
+        stale = ClaimIdentity("shop", 1, 1, first.headers["x-intake-claim-id"])
+        assert not await store_a.settle_owned(stale, Completed(now_ms()))
+    assert [r.attempt for r in downstream.received] == [1, 2]
+    assert rows(url)[0][:3] == (1, "completed", 2)
+
+
+async def test_a_long_request_keeps_its_lease_by_renewal(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    async def slow(received: Received, request: object) -> object:
+        await asyncio.sleep(2.5)  # two and a half leases
+        return await status(200)(received, request)  # type: ignore[arg-type]
+
+    downstream.answer = slow  # type: ignore[assignment]
+    url = storage.url()
+    settings = settings_for(url, bot(downstream, lease_seconds=1))
+    async with dispatching(settings) as (worker, store), dispatching(settings) as (rival, _):
+        await store.add("shop", 1, message(1), now_ms())
+        await until(url, lambda r: r[0][1] == "completed")
+        assert worker.owner_lost == rival.owner_lost == 0
+    assert len(downstream.received) == 1
+
+
+async def test_stop_hands_unfinished_attempts_back_for_another_worker(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    async def first_hangs(received: Received, request: object) -> object:
+        return await (hang if received.attempt == 1 else status(200))(received, request)  # type: ignore[arg-type]
+
+    downstream.answer = first_hangs  # type: ignore[assignment]
+    url = storage.url()
+    settings = settings_for(url, bot(downstream, lease_seconds=60), shutdown_grace_seconds=0.2)
+    async with dispatching(settings) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await eventually(lambda: downstream.received)
+    assert rows(url) == [(1, "failed", 1, HANDED_BACK)]
+    assert rows(url, "due_at")[0][0] <= now_ms()  # due at once, not in 60 s
+    async with dispatching(settings):
+        await until(url, lambda r: r[0][1] == "completed")
+    assert [r.attempt for r in downstream.received] == [1, 2]
+
+
+async def test_the_breaker_stops_claiming_while_the_downstream_is_down_then_closes(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    downstream.answer = status(502)
+    url = storage.url()
+    shop = bot(
+        downstream,
+        ordering="none",
+        breaker_failures=3,
+        breaker_cooldown_seconds=1,
+        max_attempts=50,
+        concurrency=1,
+    )
+    async with dispatching(settings_for(url, shop)) as (worker, store):
+        for update_id in range(1, 11):
+            await store.add("shop", update_id, message(update_id, chat=update_id), now_ms())
+        await eventually(lambda: len(downstream.received) >= 3)
+        await asyncio.sleep(0.5)  # within the cool-down: nothing more is tried
+        assert len(downstream.received) == 3
+        await eventually(lambda: len(downstream.received) >= 4, within=5)  # the probe
+        downstream.answer = status(200)
+        await until(url, lambda r: all(s == "completed" for _, s, _, _ in r), within=20)
+        assert worker.owner_lost == 0
+    # Ten updates, three failures and a probe or two: attempts were not burned while down.
+    assert sum(attempts for _, _, attempts, _ in rows(url)) <= 16
+
+
+async def test_a_fenced_bot_refuses_to_start_on_a_0001_table(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url(revision="0001")
+    with pytest.raises(SchemaError, match="alembic upgrade head"):
+        async with dispatching(settings_for(url, bot(downstream, mode="fenced"))):
+            pass
+
+
+async def test_a_plain_bot_runs_on_a_0001_table_and_forwards_the_bare_update(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url(revision="0001")
+    async with dispatching(settings_for(url, bot(downstream, mode="plain"))) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await until(url, lambda r: r[0][1] == "completed")
+    (seen,) = downstream.received
+    assert not [name for name in seen.headers if name.startswith("x-intake-")]
+    assert seen.headers["x-telegram-bot-api-secret-token"] == DOWNSTREAM_SECRET
+
+
+async def test_bots_are_dispatched_independently(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url()
+    shop, news = bot(downstream, "shop"), bot(downstream, "news")
+    async with dispatching(settings_for(url, shop, news)) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await store.add("news", 1, message(1), now_ms())
+        await until(url, lambda r: [s for _, s, _, _ in r] == ["completed", "completed"])
+    assert sorted(r.headers["x-intake-bot"] for r in downstream.received) == ["news", "shop"]
+
+
+async def test_a_retry_is_picked_up_when_due_not_at_the_next_poll(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    async def flaky(received: Received, request: object) -> object:
+        answer = status(503, {"Retry-After": "1"}) if received.attempt == 1 else status(200)
+        return await answer(received, request)  # type: ignore[arg-type]
+
+    downstream.answer = flaky  # type: ignore[assignment]
+    url = storage.url()
+    async with dispatching(settings_for(url, bot(downstream), poll_interval_seconds=30)) as (
+        _,
+        store,
+    ):
+        await store.add("shop", 1, message(1), now_ms())
+        await until(url, lambda r: r[0][1] == "completed", within=10)
+    first, second = downstream.received
+    assert 0.95 <= second.at - first.at < 5
+
+
+async def test_the_database_clock_is_used_for_leases(storage: Storage) -> None:
+    store = await open_store(storage.url())
+    try:
+        before = now_ms()
+        database = await store.database_time()
+        assert before - 1_000 < database < now_ms() + 1_000
+    finally:
+        await store.close()
