@@ -112,6 +112,7 @@ class Dispatcher:
         self._attempts: set[Attempt] = set()
         self._in_flight = 0
         self._wake = asyncio.Event()
+        self.listening = asyncio.Event()  # set once NOTIFY wake-ups arrive (PostgreSQL)
         self._stopping = False
         self._background: list[asyncio.Task[None]] = []
         self._renewals: set[asyncio.Task[None]] = set()
@@ -154,7 +155,7 @@ class Dispatcher:
         background = [
             self._keep_leases(),
             self._clock.run(),
-            listen(self._store, self.wake),
+            listen(self._store, self.wake, listening=self.listening),
             prune_forever(
                 self._store,
                 self._clock,

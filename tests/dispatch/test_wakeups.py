@@ -1,0 +1,59 @@
+"""Idle workers wake at once: in-process when the intake shares the process, by PostgreSQL
+NOTIFY when it does not. Each test polls only every 30 s, so a prompt delivery is a wake-up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from app.main import create_app
+from app.store import open_store
+from tests.conftest import Storage, serve_asgi
+from tests.dispatch.conftest import (
+    SECRET,
+    FakeDownstream,
+    bot,
+    dispatching,
+    eventually,
+    message,
+    now_ms,
+    settings_for,
+)
+
+SLOW_POLL = {"poll_interval_seconds": 30}
+
+
+async def test_run_delivers_what_the_intake_in_the_same_process_records(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    settings = settings_for(storage.url(), bot(downstream), **SLOW_POLL)
+    async with (
+        serve_asgi(create_app(settings, workers=True)) as base,
+        httpx.AsyncClient() as client,
+    ):
+        for update_id in (1, 2):
+            response = await client.post(
+                f"{base}/telegram/shop",
+                content=message(update_id),
+                headers={"x-telegram-bot-api-secret-token": SECRET},
+            )
+            assert response.status_code == 200
+        await eventually(lambda: len(downstream.received) == 2, within=5)
+    assert [r.update_id for r in downstream.received] == [1, 2]
+
+
+async def test_a_worker_elsewhere_wakes_on_the_intakes_notification(
+    postgres_storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = postgres_storage.url()
+    async with dispatching(settings_for(url, bot(downstream), **SLOW_POLL)) as (worker, _):
+        intake_store = await open_store(url)  # another process's connections
+        try:
+            await asyncio.wait_for(worker.listening.wait(), 5)
+            await asyncio.sleep(0.3)  # the worker has looked, found nothing, and sleeps
+            await intake_store.add("shop", 1, message(1), now_ms())
+            await intake_store.announce()
+            await eventually(lambda: downstream.received, within=5)
+        finally:
+            await intake_store.close()
