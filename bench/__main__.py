@@ -7,13 +7,14 @@ import asyncio
 import os
 from pathlib import Path
 
-from bench import client, intake, plans, store
+from bench import client, dispatch, intake, plans, store
 
 BENCHMARKS = {
     "store": store.main,
     "plans": plans.main,
     "intake": intake.main,
     "client": client.main,
+    "dispatch": dispatch.main,
 }
 
 

@@ -3,7 +3,10 @@
 Issue 4 forwards every update with httpx's API; httpx's default transport is slower under
 concurrency than sequentially (encode/httpx#3215). This measures, in one run, requests/s at 1
 and 64 concurrent requests for httpx's default transport, httpx over aiohttp (httpx-aiohttp),
-and aiohttp itself. The server is a separate process (aiohttp, answering 200 at once).
+httpx over our own `app.dispatch.transport.AiohttpTransport` at three levels (the whole
+`AsyncClient.post`; `AsyncClient.send` of a ready `httpx.Request`, skipping `build_request`;
+the transport's `handle_async_request` called directly, skipping the client), and aiohttp
+itself. The server is a separate process (aiohttp, answering 200 at once).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+
+from app.dispatch.transport import AiohttpTransport as OurTransport
 
 BODY = b'{"update_id": 1, "message": {"message_id": 1, "chat": {"id": 42, "type": "private"}}}'
 SERVER = """
@@ -63,6 +68,39 @@ async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
 
             await _rate(post, 8, 0.5)  # warm the pool
             results[name] = (await _rate(post, 1, seconds), await _rate(post, 64, seconds))
+    target = httpx.URL(url)  # parsed once, as a dispatcher keeps its downstream's URL
+    async with httpx.AsyncClient(transport=OurTransport(max_connections=64)) as client:
+
+        async def post_client() -> int:
+            return (await client.post(url, content=BODY)).status_code
+
+        async def send_request() -> int:
+            request = httpx.Request("POST", target, content=BODY)
+            return (await client.send(request)).status_code
+
+        for name, post in {
+            "httpx over app AiohttpTransport: AsyncClient.post": post_client,
+            "httpx over app AiohttpTransport: AsyncClient.send(Request)": send_request,
+        }.items():
+            await _rate(post, 8, 0.5)
+            results[name] = (await _rate(post, 1, seconds), await _rate(post, 64, seconds))
+    transport = OurTransport(max_connections=64)
+    timeout = {"timeout": httpx.Timeout(5.0).as_dict()}
+    try:
+
+        async def handle() -> int:
+            request = httpx.Request("POST", target, content=BODY, extensions=timeout)
+            response = await transport.handle_async_request(request)
+            await response.aread()
+            return response.status_code
+
+        await _rate(handle, 8, 0.5)
+        results["httpx over app AiohttpTransport: handle_async_request(Request)"] = (
+            await _rate(handle, 1, seconds),
+            await _rate(handle, 64, seconds),
+        )
+    finally:
+        await transport.aclose()
     connector = aiohttp.TCPConnector(limit=64)
     async with aiohttp.ClientSession(connector=connector) as session:
 

@@ -1,0 +1,341 @@
+"""Dispatch: updates settled per second, and intake-to-downstream latency, beside PgQueuer.
+
+All on PostgreSQL, against one trivial downstream (an aiohttp process answering 200 at once):
+- drain: N recorded updates over 500 chats, per-chat ordering, fencing and renewal on, drained
+  by 1, 2 and 4 `telegram-intake worker` processes; the rate is updates settled per second,
+  from the moment the rows are committed (workers already idle) to the last completed row.
+- PgQueuer 1.6 (asyncpg, batch 10, 64 concurrent tasks, each job POSTed with aiohttp) drains
+  the same bodies to the same downstream in one process, on the same database.
+- latency: `telegram-intake serve` and one `worker` as separate processes; updates POSTed to
+  the intake at 200/s; latency from each POST's start to its arrival at the downstream.
+- the forwarding client's ceiling (bench client) in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import psycopg
+
+from app.store import NewUpdate, open_store
+from app.store.migrate import upgrade
+from bench import client
+from bench.store import POSTGRES_URL
+
+ROOT = Path(__file__).resolve().parents[1]
+BOT = "bench"
+SECRET = "bench-secret_token"  # noqa: S105 - a fixed test secret
+CHATS = 500
+DOWNSTREAM = """
+import sys, time
+from aiohttp import web
+seen = {}
+async def hook(request):
+    await request.read()
+    key = request.headers.get("x-intake-update-id") or request.headers.get("x-update-id")
+    seen[key] = time.time()
+    return web.Response(text="{}")
+async def count(request):
+    return web.json_response({"count": len(seen)})
+async def times(request):
+    return web.json_response(seen)
+async def reset(request):
+    seen.clear()
+    return web.json_response({})
+app = web.Application()
+app.router.add_post("/hook", hook)
+app.router.add_get("/count", count)
+app.router.add_get("/times", times)
+app.router.add_post("/reset", reset)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+PGQUEUER_WORKER = """
+import asyncio, sys
+import aiohttp, asyncpg
+from pgqueuer import PgQueuer
+from pgqueuer.db import AsyncpgDriver
+
+async def main(dsn, schema, url):
+    connection = await asyncpg.connect(dsn, server_settings={"search_path": schema})
+    pgq = PgQueuer(AsyncpgDriver(connection))
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+
+    @pgq.entrypoint("forward", concurrency_limit=64)
+    async def forward(job):
+        headers = {"content-type": "application/json", "x-update-id": str(job.id)}
+        async with session.post(url, data=job.payload, headers=headers) as response:
+            await response.read()
+
+    print("ready", flush=True)
+    await pgq.run(batch_size=10, max_concurrent_tasks=64)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def body(update_id: int) -> str:
+    chat = 1_000_000 + update_id % CHATS
+    return json.dumps(
+        {
+            "update_id": update_id,
+            "message": {
+                "message_id": update_id,
+                "date": 1_700_000_000,
+                "chat": {"id": chat, "type": "private"},
+                "from": {"id": chat, "is_bot": False, "first_name": "Bench"},
+                "text": f"update {update_id}",
+            },
+        }
+    )
+
+
+@asynccontextmanager
+async def process(
+    *command: str, env: dict[str, str] | None = None, ready: str
+) -> AsyncIterator[None]:
+    """A child process, ready once a line of its output contains `ready`; SIGTERM on exit."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
+    child = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert child.stdout is not None
+        async with asyncio.timeout(60):
+            while ready:
+                line = await child.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{command} exited before it was ready")
+                log.write(line)
+                if ready.encode() in line:
+                    break
+        drain = asyncio.create_task(child.stdout.read())
+        yield
+    finally:
+        if child.returncode is None:
+            child.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(child.wait(), 30)
+        except TimeoutError:
+            child.kill()
+        if "drain" in locals():
+            drain.cancel()
+        log.close()
+
+
+@asynccontextmanager
+async def fresh_schema() -> AsyncIterator[tuple[str, str]]:
+    """A new PostgreSQL schema: (SQLAlchemy URL with search_path, schema name)."""
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    admin = psycopg.connect(POSTGRES_URL, autocommit=True)
+    admin.execute(f"CREATE SCHEMA {name}")
+    url = POSTGRES_URL.replace("postgresql://", "postgresql+psycopg://")
+    try:
+        yield f"{url}?options=-csearch_path%3D{name}", name
+    finally:
+        admin.execute(f"DROP SCHEMA {name} CASCADE")
+        admin.close()
+
+
+def worker_env(database_url: str, downstream: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTAKE_")}
+    env.update(
+        INTAKE_DATABASE_URL=database_url,
+        INTAKE_SECRET_TOKEN=SECRET,
+        INTAKE_DOWNSTREAM_URL=f"{downstream}/hook",
+        **extra,
+    )
+    return env
+
+
+async def fetch(session: aiohttp.ClientSession, url: str) -> object:
+    async with session.get(url) as response:
+        return await response.json()
+
+
+async def drain_ours(downstream: str, workers: int, count: int) -> float:
+    """Updates settled per second by `workers` worker processes."""
+    async with fresh_schema() as (url, _):
+        upgrade(url)
+        env = worker_env(url, downstream, INTAKE_POLL_INTERVAL_SECONDS="1")
+        # The default bot is named `default`.
+        rows = [
+            NewUpdate("default", n, body(n), 0, "message", f"chat:{1_000_000 + n % CHATS}")
+            for n in range(1, count + 1)
+        ]
+        async with _workers(env, workers):
+            store = await open_store(url)
+            try:
+                for start in range(0, count, 5_000):
+                    chunk = rows[start : start + 5_000]
+                    await store.add_many(chunk)
+                started = time.perf_counter()
+                await store.announce()
+                done = await _wait_completed(url, count)
+            finally:
+                await store.close()
+        return done / (time.perf_counter() - started)
+
+
+@asynccontextmanager
+async def _workers(env: dict[str, str], count: int) -> AsyncIterator[None]:
+    async with AsyncExitStack() as stack:
+        for _ in range(count):
+            await stack.enter_async_context(
+                process(sys.executable, "-m", "app.cli", "worker", env=env, ready="worker started")
+            )
+        yield
+
+
+async def _wait_completed(url: str, count: int) -> int:
+    libpq = url.replace("postgresql+psycopg://", "postgresql://")
+    async with await psycopg.AsyncConnection.connect(libpq, autocommit=True) as connection:
+        while True:
+            cursor = await connection.execute(
+                "SELECT count(*) FROM telegram_updates WHERE state = 'completed'"
+            )
+            row = await cursor.fetchone()
+            assert row is not None
+            if row[0] >= count:
+                return int(row[0])
+            await asyncio.sleep(0.05)
+
+
+async def drain_pgqueuer(downstream: str, count: int) -> float:
+    """PgQueuer's jobs forwarded per second, one process."""
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    async with fresh_schema() as (_, schema):
+        connection = await asyncpg.connect(POSTGRES_URL, server_settings={"search_path": schema})
+        try:
+            queries = Queries(AsyncpgDriver(connection))
+            await queries.install()
+            payloads = [body(n).encode() for n in range(1, count + 1)]
+            for start in range(0, count, 5_000):
+                chunk = payloads[start : start + 5_000]
+                await queries.enqueue(["forward"] * len(chunk), chunk, [0] * len(chunk))
+            command = (
+                sys.executable,
+                "-c",
+                PGQUEUER_WORKER,
+                POSTGRES_URL,
+                schema,
+                f"{downstream}/hook",
+            )
+            async with aiohttp.ClientSession() as session:
+                await session.post(f"{downstream}/reset")
+                async with process(*command, ready="ready"):
+                    started = time.perf_counter()
+                    while await connection.fetchval("SELECT count(*) FROM pgqueuer") > 0:
+                        await asyncio.sleep(0.05)  # noqa: ASYNC110 - polling another process
+                    elapsed = time.perf_counter() - started
+        finally:
+            await connection.close()
+    return count / elapsed
+
+
+async def latency(downstream: str, rate: float, seconds: float) -> tuple[float, float, int]:
+    """p50 and p99 (ms) from POST to downstream arrival, through `serve` + `worker`."""
+    async with fresh_schema() as (url, _):
+        upgrade(url)
+        port = free_port()
+        env = worker_env(url, downstream, INTAKE_PORT=str(port))
+        serve = process(sys.executable, "-m", "app.cli", "serve", env=env, ready="Uvicorn running")
+        async with serve, _workers(env, 1), aiohttp.ClientSession() as session:
+            await session.post(f"{downstream}/reset")
+            sent: dict[str, float] = {}
+            total = int(rate * seconds)
+            start = time.perf_counter() + 0.1
+            headers = {
+                "x-telegram-bot-api-secret-token": SECRET,
+                "content-type": "application/json",
+            }
+
+            async def post(n: int) -> None:
+                sent[str(n)] = time.time()
+                async with session.post(
+                    f"http://127.0.0.1:{port}/telegram/default", data=body(n), headers=headers
+                ) as response:
+                    assert response.status == 200, response.status
+
+            posts = []
+            for n in range(1, total + 1):
+                delay = start + n / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                posts.append(asyncio.create_task(post(n)))
+            await asyncio.gather(*posts)
+            async with asyncio.timeout(30):
+                while (await fetch(session, f"{downstream}/count"))["count"] < total:  # type: ignore[index]
+                    await asyncio.sleep(0.05)  # noqa: ASYNC110 - polling another process
+            arrived = await fetch(session, f"{downstream}/times")
+        assert isinstance(arrived, dict)
+        spans = sorted((arrived[n] - sent[n]) * 1000 for n in sent)
+        quantiles = statistics.quantiles(spans, n=100)
+        return quantiles[49], quantiles[98], len(spans)
+
+
+async def main(*, quick: bool = False) -> str:
+    count = 2_000 if quick else 20_000
+    port = free_port()
+    downstream = f"http://127.0.0.1:{port}"
+    server = process(sys.executable, "-c", DOWNSTREAM, str(port), ready="")
+    lines: list[str] = []
+    async with server:
+        await asyncio.sleep(1.0)
+        print("bench dispatch: PgQueuer", file=sys.stderr)
+        peer = await drain_pgqueuer(downstream, count)
+        ours: dict[int, float] = {}
+        for workers in (1, 2, 4):
+            print(f"bench dispatch: {workers} worker process(es)", file=sys.stderr)
+            ours[workers] = await drain_ours(downstream, workers, count)
+        print("bench dispatch: latency at 200/s", file=sys.stderr)
+        p50, p99, delivered = await latency(downstream, 200, 5 if quick else 20)
+    lines += [
+        f"Drain of {count:,} updates over {CHATS} chats to a trivial downstream, PostgreSQL.",
+        "",
+        "| dispatcher | processes | updates/s | x PgQueuer |",
+        "| --- | --- | --- | --- |",
+        "| PgQueuer 1.6 (asyncpg, batch 10, 64 tasks, aiohttp; not fenced) | 1 | "
+        f"{peer:,.0f} | 1.00 |",
+    ]
+    for workers, rate in ours.items():
+        lines.append(
+            f"| telegram-intake worker (fenced, renewed, per-chat order) | {workers} | "
+            f"{rate:,.0f} | {rate / peer:.2f} |"
+        )
+    lines += [
+        "",
+        "Latency, POST to the intake until arrival at the downstream, 200 updates/s, "
+        f"`serve` + `worker` processes ({delivered:,} updates): "
+        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms.",
+        "",
+        "The forwarding client's ceiling, same machine, same run:",
+        "",
+        await client.main(quick=True),
+    ]
+    return "\n".join(lines)
