@@ -155,3 +155,71 @@ def test_secrets_never_show_in_repr_or_errors(tmp_path: Path) -> None:
     shown = repr(Settings()) + str(Settings().model_dump())
     assert "hunter2" not in shown
     assert "123:ABC" not in shown
+
+
+def test_worker_settings_have_the_documented_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTAKE_SECRET_TOKEN", "s")
+    (bot,) = Settings().bots
+    assert (bot.retry_base_seconds, bot.retry_cap_seconds, bot.max_attempts) == (2, 600, 8)
+    assert (bot.ordering, bot.lease_seconds, bot.mode) == ("chat", 60, "durable")
+    assert bot.deadlines == {
+        "inline_query": 30,
+        "callback_query": 150,
+        "shipping_query": 10,
+        "pre_checkout_query": 10,
+    }
+    assert bot.deadline_ms("callback_query") == 150_000
+    assert bot.deadline_ms("message") is None
+    assert bot.deadline_ms(None) is None
+
+
+def test_deadlines_merge_over_the_defaults_and_zero_turns_one_off(tmp_path: Path) -> None:
+    (tmp_path / "intake.toml").write_text(
+        '[[bots]]\nname = "shop"\nsecret_token = "s"\n'
+        "[bots.deadlines]\ninline_query = 5\ncallback_query = 0\nmessage = 3600\n"
+    )
+    (bot,) = Settings().bots
+    assert bot.deadlines == {
+        "inline_query": 5,
+        "shipping_query": 10,
+        "pre_checkout_query": 10,
+        "message": 3600,
+    }
+
+
+def test_deadlines_from_the_environment_are_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTAKE_SECRET_TOKEN", "s")
+    monkeypatch.setenv("INTAKE_DEADLINES", '{"inline_query": 12}')
+    assert Settings().bots[0].deadline_ms("inline_query") == 12_000
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("INTAKE_SIGNING_SECRET", "whsec_c2hvcnQ=", "signing_secret"),
+        ("INTAKE_SIGNING_SECRET", "whsec_not base64!", "signing_secret"),
+        ("INTAKE_DEADLINES", '{"inline_query": -1}', "deadlines"),
+        ("INTAKE_ORDERING", "fifo", "ordering"),
+        ("INTAKE_CONCURRENCY", "0", "concurrency"),
+        ("INTAKE_WORKER_CONCURRENCY", "0", "worker_concurrency"),
+        ("INTAKE_POLL_INTERVAL_SECONDS", "0", "poll_interval_seconds"),
+    ],
+)
+def test_invalid_worker_settings_name_the_field(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, field: str
+) -> None:
+    monkeypatch.setenv("INTAKE_SECRET_TOKEN", "s")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    assert describe(raised.value).startswith(f"invalid configuration: {field}")
+
+
+def test_a_bots_mode_names_the_table_capability_it_needs() -> None:
+    from app.config import BotSettings
+
+    modes = {
+        m: BotSettings(name="b", secret_token="s", mode=m).capability
+        for m in ("plain", "fenced", "durable")
+    }  # type: ignore[arg-type]
+    assert modes == {"plain": "base", "fenced": "fenced", "durable": "durable"}
