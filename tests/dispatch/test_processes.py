@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.intake.updates import classify
-from app.store import open_store
+from app.store import NewUpdate, open_store
 from tests.conftest import Storage, table_rows
 from tests.dispatch.conftest import (
     Answer,
@@ -140,23 +140,20 @@ def environment(url: str, downstream_url: str | None, **options: object) -> dict
 
 
 async def add_messages(url: str, updates: list[tuple[int, int]]) -> None:
-    """Record `(update_id, chat)` messages for bot `default`, in the order given, keyed as the
-    intake keys them."""
+    """Record `(update_id, chat)` messages for bot `default`, keyed as the intake keys them, in
+    one commit (`add_many`, the batched `add` of the intake's group commit)."""
+    rows = []
+    for update_id, chat in updates:
+        body = message(update_id, chat=chat)
+        update_type, queue_key = classify(json.loads(body))
+        received_at = time.time_ns() // 1_000_000
+        rows.append(NewUpdate("default", update_id, body, received_at, update_type, queue_key))
     store = await open_store(url)
     try:
-        for update_id, chat in updates:
-            body = message(update_id, chat=chat)
-            update_type, queue_key = classify(json.loads(body))
-            assert await store.add(
-                "default",
-                update_id,
-                body,
-                time.time_ns() // 1_000_000,
-                update_type=update_type,
-                queue_key=queue_key,
-            )
+        added = await store.add_many(rows)
     finally:
         await store.close()
+    assert added == {("default", update_id) for update_id, _ in updates}
 
 
 def hang_on_first_attempt() -> Answer:
@@ -196,12 +193,11 @@ async def test_two_worker_processes_deliver_every_update_once_in_chat_order(
 
     async def answer(received: Received, request: Request) -> Response:
         delivered_by[request.query_params["worker"]].append(received.update_id)
-        await asyncio.sleep(0.005)
         return await ok(received, request)
 
     downstream.answer = answer
     with processes(tmp_path) as start:
-        # Eight attempts in flight per process: neither can hold all 20 chats, so both work.
+        # At most 12 attempts in flight per process: neither can hold all 20 chats, so both work.
         workers = [
             start(
                 f"worker-{name}",
@@ -209,7 +205,7 @@ async def test_two_worker_processes_deliver_every_update_once_in_chat_order(
                     url,
                     f"{downstream.url}/hook?worker={name}",
                     ordering="chat",
-                    worker_concurrency=8,
+                    worker_concurrency=12,
                 ),
                 "worker",
             )
@@ -301,9 +297,13 @@ async def test_sigterm_hands_an_in_flight_attempt_back_for_another_worker_at_onc
         assert_clean(a)
         await eventually(lambda: first.disconnected, within=5)
 
-        ((state, attempts, error),) = table_rows(url, "state", "attempts", "error")
+        ((state, attempts, error, due_at),) = table_rows(
+            url, "state", "attempts", "error", "due_at"
+        )
         assert (state, attempts) == ("failed", 1), (state, attempts, error)
         assert error.startswith("handed back"), error
+        first_lease = int(first.headers["x-intake-lease-expires-at"])
+        assert due_at < first_lease - 20_000  # due at once, not when the 30 s lease would end
 
         handed_back_at = time.monotonic()
         b = start("worker-b", env, "worker")
@@ -313,7 +313,10 @@ async def test_sigterm_hands_an_in_flight_attempt_back_for_another_worker_at_onc
         assert time.monotonic() - handed_back_at < 10  # far less than the 30 s lease
         received = downstream.received
         assert [(r.update_id, r.attempt) for r in received] == [(9, 1), (9, 2)]
-        assert received[1].headers["x-intake-claim-id"] != first.headers["x-intake-claim-id"]
+        second = received[1]
+        assert second.headers["x-intake-claim-id"] != first.headers["x-intake-claim-id"]
+        # By the database's clock, B claimed it long before A's lease would have lapsed.
+        assert int(second.headers["x-intake-lease-expires-at"]) - 30_000 < first_lease
         assert b.poll() is None, b.report()
         assert_clean(b)
 
