@@ -14,7 +14,7 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 
 from app.config import BotSettings, Settings, describe
-from app.store import migrate
+from app.store import StoreError, migrate
 from app.store.engine import normalise_url
 
 Handler = Callable[[Settings, argparse.Namespace], int]
@@ -72,8 +72,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from app.main import create_app, server_config
 
     app = create_app(settings, workers=workers)
-    uvicorn.Server(server_config(app, host=args.host, port=args.port)).run()
-    return 0
+    server = uvicorn.Server(server_config(app, host=args.host, port=args.port))
+    server.run()
+    return 0 if server.started else 1  # uvicorn has logged why it could not start
 
 
 def _worker(settings: Settings, _args: argparse.Namespace) -> int:
@@ -83,7 +84,11 @@ def _worker(settings: Settings, _args: argparse.Namespace) -> int:
         return 2
     from app.worker import run_worker
 
-    asyncio.run(run_worker(settings))
+    try:
+        asyncio.run(run_worker(settings))
+    except StoreError as error:
+        print(f"worker: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -111,8 +111,20 @@ class BotOptions(BaseModel):
         for update_type, seconds in value.items():
             if seconds < 0:
                 raise ValueError(f"{update_type}: {seconds} is negative (0 turns it off)")
-        merged = {**DEFAULT_DEADLINES, **value}
-        return {name: seconds for name, seconds in merged.items() if seconds > 0}
+        return {**DEFAULT_DEADLINES, **value}
+
+    @model_validator(mode="after")
+    def _plain_has_no_chat_order(self) -> BotOptions:
+        # The base store methods of a plain bot know no chats: only fenced and durable bots
+        # keep per-chat order (the claim's NOT EXISTS over the ordering index).
+        if self.mode == "plain" and self.ordering == "chat":
+            if "ordering" in self.model_fields_set:
+                raise ValueError(
+                    'ordering "chat" needs mode fenced or durable; a plain bot delivers '
+                    'with ordering "none"'
+                )
+            object.__setattr__(self, "ordering", "none")
+        return self
 
     @property
     def capability(self) -> Capability:
@@ -122,7 +134,7 @@ class BotOptions(BaseModel):
     def deadline_ms(self, update_type: str | None) -> int | None:
         """How long after receipt an update of this type is still worth delivering."""
         seconds = self.deadlines.get(update_type or "")
-        return None if seconds is None else int(seconds * 1000)
+        return int(seconds * 1000) if seconds else None
 
 
 class BotSettings(BotOptions):
@@ -221,7 +233,11 @@ class Settings(BaseSettings, BotOptions):
     @model_validator(mode="after")
     def _default_bot(self) -> Settings:
         if not self.bots and self.secret_token is not None:
-            options = {name: getattr(self, name) for name in BotOptions.model_fields}
+            options = {
+                name: getattr(self, name)
+                for name in BotOptions.model_fields
+                if name in self.model_fields_set
+            }
             default = BotSettings(name="default", secret_token=self.secret_token, **options)
             object.__setattr__(self, "bots", (default,))
         names = [bot.name for bot in self.bots]

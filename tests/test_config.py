@@ -181,10 +181,29 @@ def test_deadlines_merge_over_the_defaults_and_zero_turns_one_off(tmp_path: Path
     (bot,) = Settings().bots
     assert bot.deadlines == {
         "inline_query": 5,
+        "callback_query": 0,
         "shipping_query": 10,
         "pre_checkout_query": 10,
         "message": 3600,
     }
+    assert bot.deadline_ms("callback_query") is None
+
+
+def test_a_deadline_turned_off_in_the_environment_stays_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("INTAKE_SECRET_TOKEN", "s")
+    monkeypatch.setenv("INTAKE_DEADLINES", '{"callback_query": 0}')
+    assert Settings().bots[0].deadline_ms("callback_query") is None
+
+
+def test_a_plain_bot_delivers_without_chat_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTAKE_SECRET_TOKEN", "s")
+    monkeypatch.setenv("INTAKE_MODE", "plain")
+    assert Settings().bots[0].ordering == "none"
+    monkeypatch.setenv("INTAKE_ORDERING", "chat")
+    with pytest.raises(ValidationError, match="needs mode fenced or durable"):
+        Settings()
 
 
 def test_deadlines_from_the_environment_are_json(monkeypatch: pytest.MonkeyPatch) -> None:

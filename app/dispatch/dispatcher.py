@@ -251,13 +251,12 @@ class Dispatcher:
         return len(claimed)
 
     async def _claim_plain(self, lane: Lane, wanted: int, now: int, lease_until: int) -> int:
-        """A plain bot on the base methods: list due rows, then claim them one by one (a rival
-        may take any of them first; the claim's condition settles who)."""
-        due = await self._store.due(now=now, pending_before=now, limit=self._batch)
+        """A plain bot on the base methods: list its due rows, then claim them one by one (a
+        rival may take any of them first; the claim's condition settles who). The base
+        methods know no chats, so a plain bot's ordering is "none" (see BotSettings)."""
+        due = await self._store.due(now=now, pending_before=now, limit=wanted, bots=[lane.name])
         started = 0
         for row in due:
-            if row.bot != lane.name or started == wanted:
-                continue
             attempt = await self._store.claim(
                 row.bot,
                 row.update_id,
@@ -267,7 +266,9 @@ class Dispatcher:
             )
             if attempt is not None:
                 identity = ClaimIdentity(row.bot, row.update_id, attempt, PLAIN_CLAIM)
-                self._start(lane, Claimed(identity, row.body, None, None, now), lease_until, now)
+                received_at = now if row.received_at is None else row.received_at
+                claimed = Claimed(identity, row.body, row.update_type, None, received_at)
+                self._start(lane, claimed, lease_until, now)
                 started += 1
         return started
 

@@ -192,6 +192,8 @@ async def _due_order(store: UpdateStore, f: _Findings) -> None:
         (BOT, 20) not in [(d.bot, d.update_id) for d in due],
         "a row received after pending_before is listed",
     )
+    due = await store.due(now=1, pending_before=1, limit=2, bots=[OTHER_BOT])
+    f.equal([(d.bot, d.update_id) for d in due], expected[3:], "due for one bot")
 
 
 @_rule("settled updates are forgotten after prune, with a strict bound", "base")

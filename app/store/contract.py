@@ -81,9 +81,16 @@ class UpdateStore(Protocol):
         """Apply the settlement, only if `attempt` holds a live lease at `settlement.at`."""
         ...
 
-    async def due(self, *, now: int, pending_before: int, limit: int) -> list[DueUpdate]:
+    async def due(
+        self,
+        *,
+        now: int,
+        pending_before: int,
+        limit: int,
+        bots: Sequence[str] | None = None,
+    ) -> list[DueUpdate]:
         """Pending rows received at or before `pending_before` and claimable non-pending rows,
-        in `(bot, update_id)` order, at most `limit`."""
+        in `(bot, update_id)` order, at most `limit`; only these `bots` when given."""
         ...
 
     async def prune(self, before: int) -> int:

@@ -295,7 +295,9 @@ def settle(t: Table, *, bot: str, update_id: int, attempt: int, settlement: Sett
     )
 
 
-def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
+def due(
+    t: Table, *, now: int, pending_before: int, limit: int, bots: Sequence[str] | None = None
+) -> Select[Any]:
     # One indexed range per state, materialised, then put in key order: otherwise SQLite walks
     # the primary key in order through every retained row. A pending row's due_at is its
     # received_at.
@@ -304,8 +306,11 @@ def due(t: Table, *, now: int, pending_before: int, limit: int) -> Select[Any]:
         and_(_in_state(t.c.state, "processing"), t.c.due_at < now),
         and_(_in_state(t.c.state, "failed"), t.c.due_at <= now),
     ]
+    if bots is not None:
+        branches = [and_(branch, t.c.bot.in_(list(bots))) for branch in branches]
+    columns = (t.c.bot, t.c.update_id, t.c.body, t.c.update_type, t.c.received_at)
     rows = (
-        union_all(*(select(t.c.bot, t.c.update_id, t.c.body).where(branch) for branch in branches))
+        union_all(*(select(*columns).where(branch) for branch in branches))
         .cte("due")
         .prefix_with("MATERIALIZED")
     )

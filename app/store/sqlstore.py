@@ -287,16 +287,30 @@ class SqlUpdateStore:
         )
         await self._changed(statement)
 
-    async def due(self, *, now: int, pending_before: int, limit: int) -> list[DueUpdate]:
+    async def due(
+        self,
+        *,
+        now: int,
+        pending_before: int,
+        limit: int,
+        bots: Sequence[str] | None = None,
+    ) -> list[DueUpdate]:
+        names = _bots(bots)
+        if names == []:
+            return []
         statement = queries.due(
             self.table,
             now=validate.millis("now", now),
             pending_before=validate.millis("pending_before", pending_before),
             limit=validate.positive("limit", limit),
+            bots=names,
         )
         async with self._read() as connection:
             rows = (await connection.execute(statement)).all()
-        return [DueUpdate(row.bot, row.update_id, row.body) for row in rows]
+        return [
+            DueUpdate(row.bot, row.update_id, row.body, row.update_type, row.received_at)
+            for row in rows
+        ]
 
     async def prune(self, before: int) -> int:
         statement = queries.prune(self.table, before=validate.millis("before", before))

@@ -76,11 +76,13 @@ Settlement = Completed | Failed | Abandoned
 
 @dataclass(frozen=True, slots=True)
 class DueUpdate:
-    """A row that a claim would take now."""
+    """A row that a claim would take now (with what a worker needs to judge its deadline)."""
 
     bot: str
     update_id: int
     body: str
+    update_type: str | None = None
+    received_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -413,3 +413,28 @@ async def test_the_database_clock_is_used_for_leases(storage: Storage) -> None:
         assert before - 1_000 < database < now_ms() + 1_000
     finally:
         await store.close()
+
+
+async def test_a_plain_bot_is_not_starved_by_another_bots_backlog(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url(revision="0001")
+    zeta = bot(downstream, "zeta", mode="plain")
+    async with dispatching(settings_for(url, zeta, claim_batch=8)) as (_, store):
+        for update_id in range(1, 71):  # bot alpha sorts first; no worker here serves it
+            await store.add("alpha", update_id, message(update_id), now_ms())
+        await store.add("zeta", 1, message(1), now_ms())
+        await until(url, lambda r: ("zeta", "completed") in r, "bot", "state")
+    assert [r.update_id for r in downstream.received] == [1]
+
+
+async def test_a_plain_bot_honours_deadlines_too(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url(revision="0001")
+    body = json.dumps({"update_id": 2, "inline_query": {"id": "1", "query": "q"}})
+    async with dispatching(settings_for(url, bot(downstream, mode="plain"))) as (_, store):
+        await store.add("shop", 2, body, now_ms() - 31_000, update_type="inline_query")
+        await until(url, lambda r: r[0][1] == "abandoned")
+    assert rows(url) == [(2, "abandoned", 1, "expired")]
+    assert downstream.received == []
