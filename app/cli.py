@@ -8,7 +8,8 @@ import logging
 import secrets
 import sys
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import uvicorn
 from pydantic import SecretStr, ValidationError
@@ -77,6 +78,17 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if server.started else 1  # uvicorn has logged why it could not start
 
 
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` on uvloop where it is installed, as uvicorn runs `run` and `serve` (and
+    PgQueuer's CLI its workers): the dispatcher is bound by event-loop work per update."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is not built for every platform
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def _worker(settings: Settings, _args: argparse.Namespace) -> int:
     problem = _configuration_problem(settings, workers=True, demo=False)
     if problem:
@@ -85,7 +97,7 @@ def _worker(settings: Settings, _args: argparse.Namespace) -> int:
     from app.worker import run_worker
 
     try:
-        asyncio.run(run_worker(settings))
+        run_loop(run_worker(settings))
     except StoreError as error:
         print(f"worker: {error}", file=sys.stderr)
         return 2

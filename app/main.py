@@ -49,7 +49,7 @@ def create_app(
     settings: Settings | None = None,
     *,
     workers: bool = False,
-    client: httpx.AsyncClient | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """Assemble the service: the intake, and with `workers` the dispatcher in this process
     (`telegram-intake run`). The store opens when the app starts and closes when it stops."""
@@ -66,7 +66,7 @@ def create_app(
             dispatcher: Dispatcher | None = None
             if workers:
                 dispatcher = await stack.enter_async_context(
-                    running_dispatcher(store, settings, client)
+                    running_dispatcher(store, settings, transport)
                 )
                 clock = dispatcher.clock
             else:

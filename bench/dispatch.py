@@ -64,7 +64,7 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log
 """
 PGQUEUER_WORKER = """
 import asyncio, sys
-import aiohttp, asyncpg
+import aiohttp, asyncpg, uvloop
 from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 
@@ -82,7 +82,7 @@ async def main(dsn, schema, url):
     print("ready", flush=True)
     await pgq.run(batch_size=10, max_concurrent_tasks=64)
 
-asyncio.run(main(*sys.argv[1:]))
+uvloop.run(main(*sys.argv[1:]))  # as PgQueuer's own CLI runs it
 """
 
 

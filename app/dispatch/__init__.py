@@ -1,7 +1,7 @@
 """The workers: claim due updates, forward each attempt downstream, settle it fenced.
 
 `Dispatcher` is the engine (`app.dispatch.dispatcher`); `running_dispatcher` runs one, with an
-HTTP client of its own unless given one, for as long as a `with` block lasts.
+HTTP transport of its own unless given one, for as long as a `with` block lasts.
 """
 
 from __future__ import annotations
@@ -13,21 +13,23 @@ import httpx
 
 from app.config import Settings
 from app.dispatch.dispatcher import Dispatcher
-from app.dispatch.forward import open_client
+from app.dispatch.forward import open_transport
 from app.store import SqlUpdateStore
 
-__all__ = ["Dispatcher", "open_client", "running_dispatcher"]
+__all__ = ["Dispatcher", "open_transport", "running_dispatcher"]
 
 
 @asynccontextmanager
 async def running_dispatcher(
-    store: SqlUpdateStore, settings: Settings, client: httpx.AsyncClient | None = None
+    store: SqlUpdateStore,
+    settings: Settings,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> AsyncIterator[Dispatcher]:
     """Start the workers for every bot with a downstream; stop them (gracefully) on exit."""
     bots = [bot for bot in settings.bots if bot.downstream_url is not None]
-    own = client is None
-    client = client or open_client(settings.worker_concurrency)
-    dispatcher = Dispatcher(store, settings, client, bots=bots)
+    own = transport is None
+    transport = transport or open_transport(settings.worker_concurrency)
+    dispatcher = Dispatcher(store, settings, transport, bots=bots)
     try:
         await dispatcher.start()
         try:
@@ -36,4 +38,4 @@ async def running_dispatcher(
             await dispatcher.stop()
     finally:
         if own:
-            await client.aclose()
+            await transport.aclose()

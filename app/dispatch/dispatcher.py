@@ -55,13 +55,13 @@ HANDED_BACK = "handed back: the worker was shutting down"
 class Lane:
     """One bot's share of a dispatcher: its settings, downstream, breaker, attempts in flight."""
 
-    def __init__(self, bot: BotSettings, client: httpx.AsyncClient) -> None:
+    def __init__(self, bot: BotSettings, transport: httpx.AsyncBaseTransport) -> None:
         self.bot = bot
         self.name = bot.name
         self.plain = bot.mode == "plain"
         self.durable = bot.mode == "durable"
         self.lease_ms = int(bot.lease_seconds * 1000)
-        self.downstream = Downstream(bot, client)
+        self.downstream = Downstream(bot, transport)
         self.breaker = Breaker(
             bot.name, failures=bot.breaker_failures, cooldown=bot.breaker_cooldown_seconds
         )
@@ -95,13 +95,14 @@ class Dispatcher:
         self,
         store: SqlUpdateStore,
         settings: Settings,
-        client: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         *,
         bots: Sequence[BotSettings] | None = None,
     ) -> None:
         self._store = store
         self._settings = settings
-        self._lanes = [Lane(bot, client) for bot in (settings.bots if bots is None else bots)]
+        chosen = settings.bots if bots is None else bots
+        self._lanes = [Lane(bot, transport) for bot in chosen]
         self._clock = DatabaseClock(store)
         self._settler = Settler(store)
         self._capacity = settings.worker_concurrency

@@ -16,17 +16,18 @@ from standardwebhooks import Webhook
 
 from app.config import BotSettings
 from app.dispatch.policy import Outcome, classify, classify_error
+from app.dispatch.transport import AiohttpTransport
 from app.store import ClaimIdentity
 
 
 class Downstream:
     """Where one bot's attempts go, and how they are addressed and signed."""
 
-    def __init__(self, bot: BotSettings, client: httpx.AsyncClient) -> None:
+    def __init__(self, bot: BotSettings, transport: httpx.AsyncBaseTransport) -> None:
         if bot.downstream_url is None:
             raise ValueError(f"bot {bot.name!r} has no downstream_url")
         self.bot = bot
-        self._client = client
+        self._transport = transport
         self._url = httpx.URL(str(bot.downstream_url))
         self._exhaustion_url = None if bot.exhaustion_url is None else str(bot.exhaustion_url)
         self._headers = {"content-type": "application/json"}
@@ -36,7 +37,7 @@ class Downstream:
         self._signer = (
             None if bot.signing_secret is None else Webhook(bot.signing_secret.get_secret_value())
         )
-        self._timeout = httpx.Timeout(bot.forward_timeout_seconds)
+        self._timeout = httpx.Timeout(bot.forward_timeout_seconds).as_dict()
 
     async def forward(self, identity: ClaimIdentity, body: str, lease_until: int) -> Outcome:
         """POST one attempt; what its answer means. Never raises for the downstream's sake."""
@@ -69,19 +70,31 @@ class Downstream:
         headers["webhook-signature"] = self._signer.sign(message_id, timestamp, body)
 
     async def _post(self, url: httpx.URL, headers: dict[str, str], body: str) -> Outcome:
-        request = self._client.build_request(
-            "POST", url, headers=headers, content=body.encode(), timeout=self._timeout
+        # httpx's Request and Response, sent by the transport itself: AsyncClient's machinery
+        # (auth, redirects, cookies, hooks) is all unused here and cost a quarter of the
+        # forwarding rate (bench client).
+        request = httpx.Request(
+            "POST",
+            url,
+            headers=headers,
+            content=body.encode(),
+            extensions={"timeout": self._timeout},
         )
         try:
-            response = await self._client.send(request)
+            response = await self._transport.handle_async_request(request)
         except httpx.HTTPError as error:
             return classify_error(error)
+        try:
+            await response.aread()
+        except httpx.HTTPError as error:
+            return classify_error(error)
+        finally:
+            await response.aclose()
         return classify(response)
 
 
-def open_client(max_connections: int) -> httpx.AsyncClient:
-    """The forwarding client: httpx's API, no redirects followed, no cookies kept."""
-    limits = httpx.Limits(
-        max_connections=max_connections, max_keepalive_connections=max_connections
-    )
-    return httpx.AsyncClient(limits=limits, follow_redirects=False)
+def open_transport(max_connections: int) -> httpx.AsyncBaseTransport:
+    """What forwards: httpx's transport interface over aiohttp (`AiohttpTransport`), since
+    httpx's own transport caps a process at a few hundred requests/s under concurrency
+    (encode/httpx#3215). It follows no redirects and keeps no cookies."""
+    return AiohttpTransport(max_connections=max_connections)
