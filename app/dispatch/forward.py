@@ -30,7 +30,8 @@ class Downstream:
         self._transport = transport
         self._url = httpx.URL(str(bot.downstream_url))
         self._exhaustion_url = None if bot.exhaustion_url is None else str(bot.exhaustion_url)
-        self._headers = {"content-type": "application/json"}
+        # identity: httpx would inflate a compressed answer past the transport's size bound.
+        self._headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if bot.downstream_secret_token is not None:
             secret = bot.downstream_secret_token.get_secret_value()
             self._headers["x-telegram-bot-api-secret-token"] = secret
@@ -57,7 +58,8 @@ class Downstream:
         if self._exhaustion_url is None:
             raise ValueError(f"bot {self.bot.name!r} has no exhaustion_url")
         key = f"{identity.bot}:{identity.update_id}:{identity.attempt}:{identity.claim_id}"
-        headers = {"content-type": "application/json", "idempotency-key": key}
+        headers = {**self._headers, "idempotency-key": key}
+        headers.pop("x-telegram-bot-api-secret-token", None)
         self._sign(headers, f"exhaustion:{key}", payload)
         return await self._post(httpx.URL(self._exhaustion_url), headers, payload)
 
@@ -85,7 +87,8 @@ class Downstream:
         except httpx.HTTPError as error:
             return classify_error(error)
         try:
-            await response.aread()
+            if not 200 <= response.status_code < 300:  # the body only explains a failure
+                await response.aread()
         except httpx.HTTPError as error:
             return classify_error(error)
         finally:

@@ -41,6 +41,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import ReturningInsert
+from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.functions import FunctionElement
 
 from app.store.types import (
@@ -105,7 +106,7 @@ def _key(t: Table, bot: str, update_id: int) -> ColumnElement[bool]:
     return and_(t.c.bot == bot, t.c.update_id == update_id)
 
 
-def _lapsed_or_due(t: Table, now: int) -> ColumnElement[bool]:
+def _lapsed_or_due(t: Table, now: Number) -> ColumnElement[bool]:
     # A lease is live at exactly due_at and lapsed after it; a retry is due at exactly due_at.
     return or_(
         and_(_in_state(t.c.state, "processing"), t.c.due_at < now),
@@ -140,8 +141,11 @@ def _owned(t: Table, identity: ClaimIdentity, at: int) -> ColumnElement[bool]:
     return and_(_identity(t, identity), _live(t, at))
 
 
+Number = int | BindParameter[int]
+
+
 def _claim_values(
-    t: Table, *, now: int, lease_until: int, max_attempts: int, fenced: bool, durable: bool
+    t: Table, *, now: Number, lease_until: Number, max_attempts: Number, fenced: bool, durable: bool
 ) -> dict[str, Any]:
     """SET clause of every claim: take the row, or end it when its attempts are spent.
 
@@ -359,15 +363,16 @@ def claim_owned(
 def claim_next_owned(
     t: Table,
     *,
-    now: int,
-    lease_until: int,
-    max_attempts: int,
-    limit: int,
+    now: Number,
+    lease_until: Number,
+    max_attempts: Number,
+    limit: Number,
     ordering: Ordering,
     bots: Sequence[str] | None,
     durable_exhaustion: bool,
 ) -> Update:
-    """Take up to `limit` due rows in one statement, oldest due first.
+    """Take up to `limit` due rows in one statement, oldest due first. The numbers may be
+    bound parameters, for a statement compiled once and run many times.
 
     Rows another transaction has locked are skipped (SKIP LOCKED on PostgreSQL; SQLite
     serialises writers). With chat ordering a row is eligible only when no older row of its
