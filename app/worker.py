@@ -9,6 +9,7 @@ import signal
 
 from app.config import Settings
 from app.dispatch import running_dispatcher
+from app.heap import freeze_after_startup
 from app.store import open_store
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ async def run_worker(settings: Settings) -> None:
             loop.add_signal_handler(number, stopping.set)
         async with running_dispatcher(store, settings):
             names = ", ".join(bot.name for bot in settings.bots)
+            freeze_after_startup()
             log.info("worker started for bots %s (pid %d)", names, os.getpid())
             await stopping.wait()
             log.info("worker stopping: finishing in-flight attempts")
