@@ -191,6 +191,7 @@ async def drain_ours(downstream: str, workers: int, count: int) -> float:
                 for start in range(0, count, 5_000):
                     chunk = rows[start : start + 5_000]
                     await store.add_many(chunk)
+                await analyze(url, "telegram_updates")
                 started = time.perf_counter()
                 await store.announce()
                 done = await _wait_completed(url, count)
@@ -207,6 +208,14 @@ async def _workers(env: dict[str, str], count: int) -> AsyncIterator[None]:
                 process(sys.executable, "-m", "app.cli", "worker", env=env, ready="worker started")
             )
         yield
+
+
+async def analyze(url: str, table: str) -> None:
+    """Statistics as a live table has them (autovacuum keeps them): a table bulk-loaded a
+    moment ago and never analyzed can mislead the planner of either queue's claim."""
+    libpq = url.replace("postgresql+psycopg://", "postgresql://")
+    async with await psycopg.AsyncConnection.connect(libpq, autocommit=True) as connection:
+        await connection.execute(f"ANALYZE {table}")
 
 
 async def _wait_completed(url: str, count: int) -> int:
@@ -238,6 +247,7 @@ async def drain_pgqueuer(downstream: str, count: int) -> float:
             for start in range(0, count, 5_000):
                 chunk = payloads[start : start + 5_000]
                 await queries.enqueue(["forward"] * len(chunk), chunk, [0] * len(chunk))
+            await connection.execute("ANALYZE pgqueuer")
             command = (
                 sys.executable,
                 "-c",
