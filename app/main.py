@@ -22,7 +22,6 @@ from app.intake.committer import GroupCommitter
 from app.intake.route import Intake
 from app.intake.route import router as intake_router
 from app.store import SchemaError, SqlUpdateStore, open_store
-from app.store.wakeups import Announcer
 
 
 def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
@@ -61,8 +60,6 @@ def create_app(
             store = await open_store(settings.database_url, table=settings.table)
             stack.push_async_callback(store.close)
             check_capability(settings, store)
-            announcer = Announcer(store)
-            stack.push_async_callback(announcer.stop)
             dispatcher: Dispatcher | None = None
             if workers:
                 dispatcher = await stack.enter_async_context(
@@ -73,17 +70,13 @@ def create_app(
                 clock = DatabaseClock(store)
                 await clock.sync()
 
-            def added() -> None:
-                if dispatcher is not None:
-                    dispatcher.wake()
-                announcer.poke()  # workers in other processes
-
             committer = GroupCommitter(
                 store,
                 max_batch=settings.commit_batch_max,
                 max_wait=settings.commit_wait_ms / 1000,
                 timeout=settings.commit_timeout_ms / 1000,
-                on_added=added,
+                # Workers in other processes hear of new rows from the commit itself.
+                on_added=None if dispatcher is None else dispatcher.wake,
             )
             await committer.start()
             stack.push_async_callback(committer.stop)

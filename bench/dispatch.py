@@ -193,7 +193,6 @@ async def drain_ours(downstream: str, workers: int, count: int) -> float:
                     await store.add_many(chunk)
                 await analyze(url, "telegram_updates")
                 started = time.perf_counter()
-                await store.announce()
                 done = await _wait_completed(url, count)
             finally:
                 await store.close()

@@ -40,7 +40,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.dml import ReturningInsert
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -205,10 +204,13 @@ _ADD_COLUMNS = {
 }
 
 
-def add(t: Table, dialect: str) -> ReturningInsert[Any]:
+def add(t: Table, dialect: str, channel: str | None = None) -> Any:
     """INSERT new keys as pending, skip existing ones (duplicates within the batch too);
     RETURNING names the keys that were new. One statement for a batch on either backend:
-    unnest() of parallel arrays on PostgreSQL, executemany in one transaction on SQLite."""
+    unnest() of parallel arrays on PostgreSQL, executemany in one transaction on SQLite.
+
+    With `channel` (PostgreSQL), the statement also NOTIFYs it when it added a row: workers in
+    other processes wake at the commit, with no round trip of its own."""
     if dialect == "postgresql":
         batch = _unnest(_ADD_COLUMNS)
         # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
@@ -221,7 +223,12 @@ def add(t: Table, dialect: str) -> ReturningInsert[Any]:
         names = [*_ADD_COLUMNS, "state", "attempts", "due_at"]
         insert = postgresql.insert(t).from_select(names, source)
         insert = insert.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
-        return insert.returning(t.c.bot, t.c.update_id)
+        added = insert.returning(t.c.bot, t.c.update_id)
+        if channel is None:
+            return added
+        # pg_notify runs per new row; PostgreSQL sends one notification per transaction.
+        rows = added.cte("added")
+        return select(rows.c.bot, rows.c.update_id, func.pg_notify(channel, ""))
     many = sqlite.insert(t).on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
     return many.returning(t.c.bot, t.c.update_id)
 
@@ -548,15 +555,10 @@ def acknowledge_exhaustion(t: Table, *, identity: ClaimIdentity, at: int) -> Upd
     )
 
 
-# -- the clock and wake-ups (PostgreSQL) -------------------------------------------------------
+# -- the clock (PostgreSQL) --------------------------------------------------------------------
 
 
 def database_time() -> Select[Any]:
     """The database's clock in epoch ms: the one clock that the leases of every host share."""
     epoch = func.extract("epoch", func.clock_timestamp())
     return select(cast(func.floor(epoch * 1000), BigInteger))
-
-
-def announce(channel: str) -> Select[Any]:
-    """Wake the listeners of `channel` once this transaction commits."""
-    return select(func.pg_notify(channel, ""))

@@ -17,7 +17,7 @@ from sqlalchemy import BigInteger, Integer, Table, bindparam, inspect
 from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import StaticPool
-from sqlalchemy.sql.dml import UpdateBase
+from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.sql.expression import Executable
 
 from app.store import queries, validate
@@ -120,7 +120,9 @@ class SqlUpdateStore:
         self._claims: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
         if self._sqlite:
             return
-        statements: dict[str, UpdateBase] = {"add": queries.add(self.table, self._dialect)}
+        statements: dict[str, ClauseElement] = {
+            "add": queries.add(self.table, self._dialect, channel=self.wake_channel)
+        }
         if "claim_id" in self.table.c:
             statements["settle_many_owned"] = queries.settle_many_owned(self.table)
         for name, statement in statements.items():
@@ -189,7 +191,7 @@ class SqlUpdateStore:
 
     @property
     def wake_channel(self) -> str:
-        """The PostgreSQL notification channel that `announce` signals."""
+        """The PostgreSQL channel notified by every commit that adds updates."""
         return f"{self.table.name}_added"
 
     async def database_time(self) -> int:
@@ -198,13 +200,6 @@ class SqlUpdateStore:
             return time.time_ns() // 1_000_000
         async with self._read() as connection:
             return int((await connection.execute(queries.database_time())).scalar_one())
-
-    async def announce(self) -> None:
-        """Tell listening workers in other processes that new updates are due (PostgreSQL
-        NOTIFY on `wake_channel`; SQLite has no listeners to tell)."""
-        if not self._sqlite:
-            async with self._write() as connection:
-                await connection.execute(queries.announce(self.wake_channel))
 
     # -- transactions --------------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """Wake-ups across processes: a PostgreSQL LISTEN connection that calls back on each NOTIFY.
 
 Workers in other processes than the intake learn of new updates from the notification that
-the intake's commit sends (`SqlUpdateStore.announce`). The listener holds one connection of
-its own, outside the pool; when it drops, the listener reconnects with backoff and calls back
-once, so that a worker looks again for what it might have missed. SQLite has no notifications:
-a worker in another process than the intake finds new rows by polling.
+every commit adding updates sends (`SqlUpdateStore.add_many` on PostgreSQL). The listener holds
+one connection of its own, outside the pool; when it drops, the listener reconnects with
+backoff and calls back once, so that a worker looks again for what it might have missed.
+SQLite has no notifications: a worker in another process than the intake finds new rows by
+polling.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import psycopg
 from psycopg import sql
 
 from app.store.engine import normalise_url
-from app.store.errors import StoreError
 from app.store.sqlstore import SqlUpdateStore
 
 log = logging.getLogger(__name__)
@@ -60,36 +60,3 @@ async def listen(
             )
         await asyncio.sleep(pause)
         pause = min(pause * 2, max_pause)
-
-
-class Announcer:
-    """Sends `store.announce()` after commits that added rows, coalesced: at most one NOTIFY
-    in flight and one more queued behind it, however many commits poke it meanwhile."""
-
-    def __init__(self, store: SqlUpdateStore) -> None:
-        self._store = store
-        self._sending: asyncio.Task[None] | None = None
-        self._again = False
-
-    def poke(self) -> None:
-        if self._store.dialect != "postgresql":
-            return
-        if self._sending is not None and not self._sending.done():
-            self._again = True
-            return
-        self._sending = asyncio.create_task(self._send())
-
-    async def _send(self) -> None:
-        while True:
-            self._again = False
-            try:
-                await self._store.announce()
-            except StoreError as error:
-                # Listeners also poll: a lost wake-up delays, it does not lose, an update.
-                log.warning("could not wake workers in other processes: %s", error)
-            if not self._again:
-                return
-
-    async def stop(self) -> None:
-        if self._sending is not None:
-            await asyncio.gather(self._sending, return_exceptions=True)

@@ -33,7 +33,7 @@ def downstream(**options: object) -> tuple[Downstream, list[httpx.Request]]:
         downstream_url="http://bot.internal/hook",  # type: ignore[arg-type]
         **options,  # type: ignore[arg-type]
     )
-    return Downstream(bot, httpx.AsyncClient(transport=httpx.MockTransport(handler))), sent
+    return Downstream(bot, httpx.MockTransport(handler)), sent
 
 
 async def test_forward_sends_the_identity_and_the_downstream_secret() -> None:
@@ -107,7 +107,7 @@ async def test_a_transport_error_is_an_outcome_not_an_exception() -> None:
         secret_token=SecretStr("s"),
         downstream_url="http://bot.internal/hook",  # type: ignore[arg-type]
     )
-    target = Downstream(bot, httpx.AsyncClient(transport=httpx.MockTransport(refuse)))
+    target = Downstream(bot, httpx.MockTransport(refuse))
     outcome = await target.forward(IDENTITY, BODY, lease_until=0)
     assert outcome.kind == "retry"
     assert outcome.error is not None
@@ -117,4 +117,4 @@ async def test_a_transport_error_is_an_outcome_not_an_exception() -> None:
 def test_a_bot_without_a_downstream_cannot_be_forwarded_to() -> None:
     bot = BotSettings(name="shop", secret_token=SecretStr("s"))
     with pytest.raises(ValueError, match="no downstream_url"):
-        Downstream(bot, httpx.AsyncClient())
+        Downstream(bot, httpx.MockTransport(lambda request: httpx.Response(200)))

@@ -1,5 +1,6 @@
-"""Idle workers wake at once: in-process when the intake shares the process, by PostgreSQL
-NOTIFY when it does not. Each test polls only every 30 s, so a prompt delivery is a wake-up."""
+"""Idle workers wake at once: in-process when the intake shares the process, by the PostgreSQL
+NOTIFY of the intake's commit when it does not. Each test polls only every 30 s, so a prompt
+delivery is a wake-up."""
 
 from __future__ import annotations
 
@@ -52,8 +53,7 @@ async def test_a_worker_elsewhere_wakes_on_the_intakes_notification(
         try:
             await asyncio.wait_for(worker.listening.wait(), 5)
             await asyncio.sleep(0.3)  # the worker has looked, found nothing, and sleeps
-            await intake_store.add("shop", 1, message(1), now_ms())
-            await intake_store.announce()
+            await intake_store.add("shop", 1, message(1), now_ms())  # its commit notifies
             await eventually(lambda: downstream.received, within=5)
         finally:
             await intake_store.close()
