@@ -269,8 +269,12 @@ async def drain_pgqueuer(downstream: str, count: int) -> float:
     return count / elapsed
 
 
-async def latency(downstream: str, rate: float, seconds: float) -> tuple[float, float, int]:
-    """p50 and p99 (ms) from POST to downstream arrival, through `serve` + `worker`."""
+Spans = dict[str, tuple[float, float]]
+
+
+async def latency(downstream: str, rate: float, seconds: float) -> Spans:
+    """p50 and p99 (ms) through `serve` + `worker`: from the POST to its 200 (the intake's
+    share), from the 200 to arrival at the downstream (the workers' share), and in all."""
     async with fresh_schema() as (url, _):
         upgrade(url)
         port = free_port()
@@ -279,6 +283,7 @@ async def latency(downstream: str, rate: float, seconds: float) -> tuple[float, 
         async with serve, _workers(env, 1), aiohttp.ClientSession() as session:
             await session.post(f"{downstream}/reset")
             sent: dict[str, float] = {}
+            answered: dict[str, float] = {}
             total = int(rate * seconds)
             start = time.perf_counter() + 0.1
             headers = {
@@ -292,6 +297,7 @@ async def latency(downstream: str, rate: float, seconds: float) -> tuple[float, 
                     f"http://127.0.0.1:{port}/telegram/default", data=body(n), headers=headers
                 ) as response:
                     assert response.status == 200, response.status
+                answered[str(n)] = time.time()
 
             posts = []
             for n in range(1, total + 1):
@@ -307,9 +313,16 @@ async def latency(downstream: str, rate: float, seconds: float) -> tuple[float, 
                     await asyncio.sleep(0.05)
             arrived = await fetch(session, f"{downstream}/times")
         assert isinstance(arrived, dict)
-        spans = sorted((arrived[n] - sent[n]) * 1000 for n in sent)
-        quantiles = statistics.quantiles(spans, n=100)
-        return quantiles[49], quantiles[98], len(spans)
+        return {
+            "POST to 200 (intake)": _p50_p99([answered[n] - sent[n] for n in sent]),
+            "200 to arrival (workers)": _p50_p99([arrived[n] - answered[n] for n in sent]),
+            "POST to arrival": _p50_p99([arrived[n] - sent[n] for n in sent]),
+        }
+
+
+def _p50_p99(seconds: list[float]) -> tuple[float, float]:
+    quantiles = statistics.quantiles([s * 1000 for s in seconds], n=100)
+    return quantiles[49], quantiles[98]
 
 
 async def main(*, quick: bool = False) -> str:
@@ -327,7 +340,8 @@ async def main(*, quick: bool = False) -> str:
             print(f"bench dispatch: {workers} worker process(es)", file=sys.stderr)
             ours[workers] = await drain_ours(downstream, workers, count)
         print("bench dispatch: latency at 200/s", file=sys.stderr)
-        p50, p99, delivered = await latency(downstream, 200, 5 if quick else 20)
+        seconds = 5 if quick else 20
+        spans = await latency(downstream, 200, seconds)
     lines += [
         f"Drain of {count:,} updates over {CHATS} chats to a trivial downstream, PostgreSQL.",
         "",
@@ -343,9 +357,11 @@ async def main(*, quick: bool = False) -> str:
         )
     lines += [
         "",
-        "Latency, POST to the intake until arrival at the downstream, 200 updates/s, "
-        f"`serve` + `worker` processes ({delivered:,} updates): "
-        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms.",
+        f"Latency at 200 updates/s for {seconds} s, `serve` and one `worker` process:",
+        "",
+        "| span | p50 ms | p99 ms |",
+        "| --- | --- | --- |",
+        *(f"| {name} | {p50:.1f} | {p99:.1f} |" for name, (p50, p99) in spans.items()),
         "",
         "The forwarding client's ceiling, same machine, same run:",
         "",
