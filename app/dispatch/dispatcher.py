@@ -66,6 +66,8 @@ class Lane:
             bot.name, failures=bot.breaker_failures, cooldown=bot.breaker_cooldown_seconds
         )
         self.in_flight = 0
+        # The last claim took all it asked for, or the bot is at its limit: more may be due.
+        self.saturated = False
 
 
 @dataclass(eq=False, slots=True)
@@ -75,6 +77,7 @@ class Attempt:
     body: str
     update_type: str | None
     received_at: int
+    queue_key: str | None
     lease_until: int  # the last proven lease: due_at as this attempt last wrote it
     renewed_at: int
     task: asyncio.Task[None] | None = None
@@ -82,6 +85,7 @@ class Attempt:
     renewing: bool = False
     lost: bool = False
     handed_back: bool = False
+    unblocks: bool = False  # its end lets a later update of its chat be claimed
 
     def describe(self) -> str:
         i = self.identity
@@ -204,6 +208,7 @@ class Dispatcher:
             rotation = (rotation + 1) % max(1, len(self._lanes))
             for lane in lanes:
                 free = min(self._capacity - self._in_flight, lane.bot.concurrency - lane.in_flight)
+                lane.saturated = free <= 0
                 wanted = lane.breaker.allowance(min(free, self._batch))
                 if wanted <= 0 or self._stopping:
                     continue
@@ -214,7 +219,8 @@ class Dispatcher:
                     failed = True
                     continue
                 lane.breaker.started(started)
-                more = more or started == wanted
+                lane.saturated = started == wanted
+                more = more or lane.saturated
             if failed:
                 # The database is down or struggling: back off instead of spinning on wakes.
                 pause = min(max(pause * 2, 0.05), self._settings.poll_interval_seconds)
@@ -280,6 +286,7 @@ class Dispatcher:
             claimed.body,
             claimed.update_type,
             claimed.received_at,
+            claimed.queue_key,
             lease_until,
             now,
         )
@@ -315,7 +322,10 @@ class Dispatcher:
             if attempt.lost:
                 log.info("%s: late answer ignored (the claim was lost)", attempt.describe())
                 return
+            was_closed = lane.breaker.state == "closed"
             lane.breaker.record(failed=outcome.downstream_failed)
+            if not was_closed:
+                attempt.unblocks = True  # a probe's answer: the breaker may let claims pass
             await self._conclude(attempt, outcome)
         except StoreError as error:
             log.warning(
@@ -327,7 +337,15 @@ class Dispatcher:
             self._attempts.discard(attempt)
             lane.in_flight -= 1
             self._in_flight -= 1
-            self._wake.set()  # capacity is free, and the chat's next update may be eligible
+            # Look again only when this end can make something claimable: a waiting update
+            # of its chat, capacity the claim loop waits for, or a bot that had more due.
+            # Otherwise new rows wake the loop themselves, and a poll catches the rest.
+            if (
+                attempt.unblocks
+                or lane.saturated
+                or self._capacity - self._in_flight == self._refill
+            ):
+                self._wake.set()
 
     async def _conclude(self, attempt: Attempt, outcome: Outcome) -> None:
         now = self._clock.now()
@@ -359,6 +377,7 @@ class Dispatcher:
             return
         if await self._store.exhaust(attempt.identity, now, error):
             log.warning("%s: exhausted (%s)", attempt.describe(), error)
+            attempt.unblocks = attempt.queue_key is not None
             if self._exhaustions is not None:
                 self._exhaustions.wake()
         else:
@@ -375,7 +394,11 @@ class Dispatcher:
                         identity.bot, identity.update_id, identity.attempt, settlement
                     )
                     return True
-                if await self._settler.submit((identity, settlement)):
+                settled = await self._settler.submit((identity, settlement))
+                # A retry keeps its chat blocked; a final settle opens it.
+                final = not isinstance(settlement, Failed)
+                attempt.unblocks = attempt.unblocks or (final and settled.unblocks)
+                if settled.took_effect:
                     return True
                 self._lost(attempt, "settle refused")
                 return False

@@ -472,8 +472,17 @@ _SETTLE_COLUMNS = {
 def settle_many_owned(t: Table) -> Update:
     """PostgreSQL: a whole batch of settlements in one statement, each row matched on its full
     identity and live lease, over unnest() of parallel arrays (one statement text for any batch
-    size, so it is prepared once). RETURNING names the keys that were settled."""
+    size, so it is prepared once). RETURNING names the keys that were settled and, as
+    `waiting`, whether a later update of the same chat is still to deliver: a worker then looks
+    for it at once, and otherwise need not look at all."""
     batch = _unnest(_SETTLE_COLUMNS)
+    newer = t.alias("newer")
+    waiting = exists().where(
+        newer.c.bot == t.c.bot,
+        newer.c.queue_key == t.c.queue_key,
+        newer.c.update_id > t.c.update_id,
+        _in_state(newer.c.state, *NON_TERMINAL),
+    )
     return (
         update(t)
         .where(
@@ -489,7 +498,7 @@ def settle_many_owned(t: Table) -> Update:
             settled_at=batch.c.settled_at,
             error=batch.c.error,
         )
-        .returning(t.c.bot, t.c.update_id)
+        .returning(t.c.bot, t.c.update_id, waiting.label("waiting"))
     )
 
 

@@ -466,10 +466,15 @@ class SqlUpdateStore:
         return await self._changed(statement)
 
     async def settle_many_owned(
-        self, items: Sequence[tuple[ClaimIdentity, Settlement]]
+        self,
+        items: Sequence[tuple[ClaimIdentity, Settlement]],
+        *,
+        waiting: set[tuple[str, int]] | None = None,
     ) -> list[bool]:
         """`settle_owned` for a batch, in one transaction (one statement on PostgreSQL); for
-        each item, whether it took effect. A key may appear once per batch."""
+        each item, whether it took effect. A key may appear once per batch. `waiting`, when
+        given, receives the settled keys whose chat still has a later update to deliver (on
+        SQLite: every settled key, which costs no query and misses none)."""
         self.require("fenced", "settle_many_owned")
         checked = [(_identity(identity), _settlement(settlement)) for identity, settlement in items]
         keys = [(identity.bot, identity.update_id) for identity, _ in checked]
@@ -485,12 +490,18 @@ class SqlUpdateStore:
                     statement = queries.settle_owned(
                         self.table, identity=identity, settlement=settlement
                     )
-                    if (await connection.execute(statement)).first() is not None:
+                    row = (await connection.execute(statement)).first()
+                    if row is not None:
                         settled.add((identity.bot, identity.update_id))
+                        if waiting is not None:
+                            waiting.add((identity.bot, identity.update_id))
             else:
                 arrays = queries.settle_many_parameters(checked)
                 result = await self._batch(connection, "settle_many_owned", arrays)
-                settled = {(row.bot, row.update_id) for row in result.all()}
+                for row in result.all():
+                    settled.add((row.bot, row.update_id))
+                    if waiting is not None and row.waiting:
+                        waiting.add((row.bot, row.update_id))
         return [key in settled for key in keys]
 
     # -- durable -------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import asyncio
 import httpx
 
 from app.main import create_app
-from app.store import open_store
+from app.store import Completed, open_store
 from tests.conftest import Storage, serve_asgi
 from tests.dispatch.conftest import (
     SECRET,
@@ -57,3 +57,35 @@ async def test_a_worker_elsewhere_wakes_on_the_intakes_notification(
             await eventually(lambda: downstream.received, within=5)
         finally:
             await intake_store.close()
+
+
+async def test_the_end_of_an_attempt_wakes_the_next_update_of_its_chat(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url()
+    async with dispatching(settings_for(url, bot(downstream), **SLOW_POLL)) as (_, store):
+        for update_id in (1, 2, 3):  # one chat: each waits for the one before
+            await store.add("shop", update_id, message(update_id), now_ms(), queue_key="42")
+        await eventually(lambda: len(downstream.received) == 3, within=5)
+    assert [r.update_id for r in downstream.received] == [1, 2, 3]
+
+
+async def test_settle_many_owned_names_the_settled_keys_whose_chat_has_more(
+    postgres_storage: Storage,
+) -> None:
+    store = await open_store(postgres_storage.url())
+    try:
+        for update_id, chat in ((1, "a"), (2, "a"), (3, "b")):
+            await store.add("shop", update_id, message(update_id), 0, queue_key=chat)
+        claimed = await store.claim_next_owned(
+            now=1, lease_until=10_000, max_attempts=3, limit=10, bots=["shop"]
+        )
+        assert [c.identity.update_id for c in claimed] == [1, 3]  # 2 waits for 1
+        waiting: set[tuple[str, int]] = set()
+        settled = await store.settle_many_owned(
+            [(c.identity, Completed(2)) for c in claimed], waiting=waiting
+        )
+        assert settled == [True, True]
+        assert waiting == {("shop", 1)}
+    finally:
+        await store.close()
