@@ -73,8 +73,8 @@ class Downstream:
 
     async def _post(self, url: httpx.URL, headers: dict[str, str], body: str) -> Outcome:
         # httpx's Request and Response, sent by the transport itself: AsyncClient's machinery
-        # (auth, redirects, cookies, hooks) is all unused here and cost a quarter of the
-        # forwarding rate (bench client).
+        # (auth, redirects, cookies, hooks) is all unused here, and through it a request took
+        # 1.6 times the instructions (valgrind; bench client shows the rates).
         request = httpx.Request(
             "POST",
             url,

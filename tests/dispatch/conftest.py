@@ -66,6 +66,16 @@ def status(code: int, headers: dict[str, str] | None = None) -> Answer:
     return answer
 
 
+def by_attempt(*answers: Answer) -> Answer:
+    """Attempt n gets the n-th answer; attempts past the last get the last."""
+
+    async def answer(received: Received, request: Request) -> Response:
+        attempt = int(received.headers.get("x-intake-attempt", "1"))
+        return await answers[min(attempt, len(answers)) - 1](received, request)
+
+    return answer
+
+
 async def hang(received: Received, request: Request) -> Response:
     """Never answer (for a minute); notes when the client gives up."""
     deadline = time.monotonic() + 60

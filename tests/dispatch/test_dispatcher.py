@@ -20,11 +20,13 @@ from tests.dispatch.conftest import (
     FakeDownstream,
     Received,
     bot,
+    by_attempt,
     dispatching,
     eventually,
     hang,
     message,
     now_ms,
+    ok,
     settings_for,
     status,
 )
@@ -76,10 +78,7 @@ async def test_dispatch_forwards_the_body_byte_for_byte_with_identity_and_signat
 async def test_dispatch_retries_a_500_and_then_completes(
     storage: Storage, downstream: FakeDownstream
 ) -> None:
-    async def flaky(received: Received, request: object) -> object:
-        return await (status(500) if received.attempt == 1 else status(200))(received, request)  # type: ignore[arg-type]
-
-    downstream.answer = flaky  # type: ignore[assignment]
+    downstream.answer = by_attempt(status(500), ok)
     url = storage.url()
     async with dispatching(settings_for(url, bot(downstream))) as (_, store):
         await store.add("shop", 1, message(1), now_ms())
@@ -91,11 +90,7 @@ async def test_dispatch_retries_a_500_and_then_completes(
 async def test_dispatch_honours_retry_after_on_429(
     storage: Storage, downstream: FakeDownstream
 ) -> None:
-    async def limited(received: Received, request: object) -> object:
-        answer = status(429, {"Retry-After": "1"}) if received.attempt == 1 else status(200)
-        return await answer(received, request)  # type: ignore[arg-type]
-
-    downstream.answer = limited  # type: ignore[assignment]
+    downstream.answer = by_attempt(status(429, {"Retry-After": "1"}), ok)
     url = storage.url()
     async with dispatching(settings_for(url, bot(downstream))) as (_, store):
         await store.add("shop", 1, message(1), now_ms())
@@ -265,10 +260,7 @@ async def test_a_hung_request_loses_its_claim_when_renewal_fails_and_the_rival_c
     database); its lease runs out, the owner-lost signal cancels the request, the rival B
     reclaims and completes, and A's stale identity can settle nothing."""
 
-    async def first_hangs(received: Received, request: object) -> object:
-        return await (hang if received.attempt == 1 else status(200))(received, request)  # type: ignore[arg-type]
-
-    downstream.answer = first_hangs  # type: ignore[assignment]
+    downstream.answer = by_attempt(hang, ok)
     url = storage.url()
     settings = settings_for(url, bot(downstream, lease_seconds=1))
     async with dispatching(settings) as (worker_a, store_a):
@@ -310,10 +302,7 @@ async def test_a_long_request_keeps_its_lease_by_renewal(
 async def test_stop_hands_unfinished_attempts_back_for_another_worker(
     storage: Storage, downstream: FakeDownstream
 ) -> None:
-    async def first_hangs(received: Received, request: object) -> object:
-        return await (hang if received.attempt == 1 else status(200))(received, request)  # type: ignore[arg-type]
-
-    downstream.answer = first_hangs  # type: ignore[assignment]
+    downstream.answer = by_attempt(hang, ok)
     url = storage.url()
     settings = settings_for(url, bot(downstream, lease_seconds=60), shutdown_grace_seconds=0.2)
     async with dispatching(settings) as (_, store):
@@ -389,11 +378,7 @@ async def test_bots_are_dispatched_independently(
 async def test_a_retry_is_picked_up_when_due_not_at_the_next_poll(
     storage: Storage, downstream: FakeDownstream
 ) -> None:
-    async def flaky(received: Received, request: object) -> object:
-        answer = status(503, {"Retry-After": "1"}) if received.attempt == 1 else status(200)
-        return await answer(received, request)  # type: ignore[arg-type]
-
-    downstream.answer = flaky  # type: ignore[assignment]
+    downstream.answer = by_attempt(status(503, {"Retry-After": "1"}), ok)
     url = storage.url()
     async with dispatching(settings_for(url, bot(downstream), poll_interval_seconds=30)) as (
         _,

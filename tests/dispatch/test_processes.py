@@ -30,9 +30,9 @@ from app.intake.updates import classify
 from app.store import NewUpdate, open_store
 from tests.conftest import Storage, table_rows
 from tests.dispatch.conftest import (
-    Answer,
     FakeDownstream,
     Received,
+    by_attempt,
     eventually,
     hang,
     message,
@@ -156,15 +156,6 @@ async def add_messages(url: str, updates: list[tuple[int, int]]) -> None:
     assert added == {("default", update_id) for update_id, _ in updates}
 
 
-def hang_on_first_attempt() -> Answer:
-    async def answer(received: Received, request: Request) -> Response:
-        if received.headers.get("x-intake-attempt") == "1":
-            return await hang(received, request)
-        return await ok(received, request)
-
-    return answer
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -245,7 +236,7 @@ async def test_a_killed_worker_s_update_is_redelivered_after_its_lease_lapses(
     url = postgres_storage.url()
     lease_ms = 2000
     await add_messages(url, [(7, 42)])
-    downstream.answer = hang_on_first_attempt()
+    downstream.answer = by_attempt(hang, ok)
     env = environment(url, f"{downstream.url}/hook", lease_seconds=lease_ms / 1000)
     with processes(tmp_path) as start:
         a = start("worker-a", env, "worker")
@@ -283,7 +274,7 @@ async def test_sigterm_hands_an_in_flight_attempt_back_for_another_worker_at_onc
 ) -> None:
     url = postgres_storage.url()
     await add_messages(url, [(9, 42)])
-    downstream.answer = hang_on_first_attempt()
+    downstream.answer = by_attempt(hang, ok)
     env = environment(url, f"{downstream.url}/hook", lease_seconds=30, shutdown_grace_seconds=0.5)
     with processes(tmp_path) as start:
         a = start("worker-a", env, "worker")

@@ -224,7 +224,7 @@ async def test_base_methods_on_0001_work(storage: Storage) -> None:
     async with _opened(storage.url("0001")) as store:
         assert await store.add("bot-a", 1, BODY, NOW - 1)
         assert await store.due(now=NOW, pending_before=NOW, limit=10) == [
-            DueUpdate("bot-a", 1, BODY)
+            DueUpdate("bot-a", 1, BODY, None, NOW - 1)
         ]
         attempt = await store.claim("bot-a", 1, **LEASE)
         assert attempt == 1
