@@ -423,3 +423,17 @@ async def test_a_plain_bot_honours_deadlines_too(
         await until(url, lambda r: r[0][1] == "abandoned")
     assert rows(url) == [(2, "abandoned", 1, "expired")]
     assert downstream.received == []
+
+
+async def test_the_prune_loop_deletes_settled_rows_after_the_retention(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url()
+    settings = settings_for(url, bot(downstream), retention_seconds=0.5, prune_interval_seconds=0.2)
+    async with dispatching(settings) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        exhausted = json.dumps({"update_id": 2, "inline_query": {"id": "1", "query": "q"}})
+        await store.add("shop", 2, exhausted, now_ms() - 60_000, update_type="inline_query")
+        # The completed row goes after half a second; the exhaustion stays, unacknowledged.
+        await until(url, lambda r: [(u, s) for u, s, _, _ in r] == [(2, "abandoned")])
+    assert rows(url, "update_id", "exhausted_at", "acknowledged_at")[0][2] is None
