@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -69,6 +70,8 @@ def create_app(
             else:
                 clock = DatabaseClock(store)
                 await clock.sync()
+                resync = asyncio.create_task(clock.run())
+                stack.callback(resync.cancel)
 
             committer = GroupCommitter(
                 store,

@@ -34,9 +34,11 @@ class Breaker:
             return "open"
         return "half-open"
 
-    def seconds_until_probe(self) -> float:
-        if self._opened_at is None:
-            return 0.0
+    def seconds_until_probe(self) -> float | None:
+        """When the next probe may go out; None when none is waiting on the clock (closed,
+        or a probe is out)."""
+        if self._opened_at is None or self._probing:
+            return None
         return max(0.0, self._cooldown - (time.monotonic() - self._opened_at))
 
     def allowance(self, wanted: int) -> int:
@@ -48,10 +50,18 @@ class Breaker:
             return 0
         return min(wanted, 1)
 
-    def started(self, count: int) -> None:
-        """`count` attempts were claimed under the allowance just given."""
+    def started(self, count: int) -> bool:
+        """`count` attempts were claimed under the allowance just given; whether they are
+        the probe."""
         if count and self.state == "half-open":
             self._probing = True
+            return True
+        return False
+
+    def probe_ended_unjudged(self) -> None:
+        """The probe ended with no answer to judge by (expired, lost, handed back): the next
+        claim may probe again."""
+        self._probing = False
 
     def record(self, *, failed: bool) -> None:
         if not failed:

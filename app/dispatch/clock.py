@@ -52,6 +52,8 @@ class DatabaseClock:
                 await self.sync()
             except StoreError as error:
                 log.warning("could not read the database clock: %s", error)
+            except Exception:  # keep the last offset; a bug must not end the resync
+                log.exception("could not read the database clock")
 
 
 async def wait_or_timeout(event: asyncio.Event, seconds: float) -> bool:

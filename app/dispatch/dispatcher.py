@@ -18,9 +18,12 @@ makes them due at once, so another process retakes them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 
@@ -45,6 +48,7 @@ from app.store import (
 from app.store.wakeups import listen
 
 log = logging.getLogger(__name__)
+Result = TypeVar("Result")
 
 # A plain bot's attempts have no claim_id (revision 0001); this stands in, never sent or stored.
 PLAIN_CLAIM = "(plain)"
@@ -86,6 +90,8 @@ class Attempt:
     lost: bool = False
     handed_back: bool = False
     unblocks: bool = False  # its end lets a later update of its chat be claimed
+    probe: bool = False  # the one attempt a half-open breaker let through
+    judged: bool = False  # its answer reached the breaker
 
     def describe(self) -> str:
         i = self.identity
@@ -117,6 +123,9 @@ class Dispatcher:
         self._attempts: set[Attempt] = set()
         self._in_flight = 0
         self._wake = asyncio.Event()
+        self._arrivals = 0  # wake-ups for new rows so far (see _settle)
+        self._retries: list[int] = []  # a heap of retry_at times, each a wake-up
+        self._retry_timer: asyncio.TimerHandle | None = None
         self.listening = asyncio.Event()  # set once NOTIFY wake-ups arrive (PostgreSQL)
         self._stopping = False
         self._background: list[asyncio.Task[None]] = []
@@ -149,6 +158,7 @@ class Dispatcher:
 
     def wake(self) -> None:
         """New updates are due: look now instead of at the next poll."""
+        self._arrivals += 1
         self._wake.set()
 
     async def start(self) -> None:
@@ -172,6 +182,8 @@ class Dispatcher:
             background.append(self._exhaustions.run())
         self._background = [asyncio.create_task(job) for job in background]
         self._claim_loop = asyncio.create_task(self._claim_forever())
+        for task in [*self._background, self._claim_loop]:
+            task.add_done_callback(_report_exit)
 
     async def stop(self) -> None:
         """Stop claiming, give attempts the grace period, hand the rest back, stop."""
@@ -182,12 +194,18 @@ class Dispatcher:
         tasks = [attempt.task for attempt in self._attempts if attempt.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self._settings.shutdown_grace_seconds)
-        for attempt in list(self._attempts):
-            if attempt.forwarding and attempt.task is not None:
-                attempt.handed_back = True
-                attempt.task.cancel()
+        handed_back = [a for a in self._attempts if a.forwarding and a.task is not None]
+        for attempt in handed_back:
+            attempt.handed_back = True
+            assert attempt.task is not None
+            attempt.task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._settler.stop()
+        if handed_back:
+            with contextlib.suppress(StoreError):
+                await self._store.announce()  # other processes take them over at once
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
         for job in [*self._background, *self._renewals]:
             job.cancel()
         await asyncio.gather(*self._background, *self._renewals, return_exceptions=True)
@@ -200,7 +218,7 @@ class Dispatcher:
         while not self._stopping:
             self._wake.clear()
             if self._capacity - self._in_flight < self._refill:
-                await self._wake.wait()
+                await wait_or_timeout(self._wake, self._settings.poll_interval_seconds)
                 continue
             more = False
             failed = False
@@ -218,7 +236,10 @@ class Dispatcher:
                     log.warning("claim for bot %r failed: %s", lane.name, error)
                     failed = True
                     continue
-                lane.breaker.started(started)
+                except Exception:  # a bug must not end the claim loop of a process
+                    log.exception("claim for bot %r failed", lane.name)
+                    failed = True
+                    continue
                 lane.saturated = started == wanted
                 more = more or lane.saturated
             if failed:
@@ -232,12 +253,8 @@ class Dispatcher:
 
     def _idle_seconds(self) -> float:
         poll = self._settings.poll_interval_seconds
-        probes = [
-            lane.breaker.seconds_until_probe()
-            for lane in self._lanes
-            if lane.breaker.state != "closed"
-        ]
-        return min([poll, *probes]) if probes else poll
+        probes = [lane.breaker.seconds_until_probe() for lane in self._lanes]
+        return min([poll, *(seconds for seconds in probes if seconds is not None)])
 
     async def _claim(self, lane: Lane, wanted: int) -> int:
         now = self._clock.now()
@@ -253,8 +270,9 @@ class Dispatcher:
             bots=[lane.name],
             durable_exhaustion=lane.durable,
         )
+        probe = lane.breaker.started(len(claimed))
         for row in claimed:
-            self._start(lane, row, lease_until, now)
+            self._start(lane, row, lease_until, now).probe = probe
         return len(claimed)
 
     async def _claim_plain(self, lane: Lane, wanted: int, now: int, lease_until: int) -> int:
@@ -275,11 +293,11 @@ class Dispatcher:
                 identity = ClaimIdentity(row.bot, row.update_id, attempt, PLAIN_CLAIM)
                 received_at = now if row.received_at is None else row.received_at
                 claimed = Claimed(identity, row.body, row.update_type, None, received_at)
-                self._start(lane, claimed, lease_until, now)
+                self._start(lane, claimed, lease_until, now).probe = lane.breaker.started(1)
                 started += 1
         return started
 
-    def _start(self, lane: Lane, claimed: Claimed, lease_until: int, now: int) -> None:
+    def _start(self, lane: Lane, claimed: Claimed, lease_until: int, now: int) -> Attempt:
         attempt = Attempt(
             lane,
             claimed.identity,
@@ -294,6 +312,23 @@ class Dispatcher:
         self._in_flight += 1
         self._attempts.add(attempt)
         attempt.task = asyncio.create_task(self._run(attempt))
+        # In a callback, not in _run: a task cancelled before its first step never runs it.
+        attempt.task.add_done_callback(lambda _: self._finished(attempt))
+        return attempt
+
+    def _finished(self, attempt: Attempt) -> None:
+        lane = attempt.lane
+        self._attempts.discard(attempt)
+        lane.in_flight -= 1
+        self._in_flight -= 1
+        if attempt.probe and not attempt.judged:
+            lane.breaker.probe_ended_unjudged()
+            attempt.unblocks = True
+        # Look again only when this end can make something claimable: a waiting update of
+        # its chat, capacity the claim loop waits for, or a bot that had more due. Otherwise
+        # new rows wake the loop themselves, and a poll catches the rest.
+        if attempt.unblocks or lane.saturated or self._capacity - self._in_flight == self._refill:
+            self._wake.set()
 
     # -- one attempt ---------------------------------------------------------------------------
 
@@ -324,8 +359,12 @@ class Dispatcher:
                 return
             was_closed = lane.breaker.state == "closed"
             lane.breaker.record(failed=outcome.downstream_failed)
+            attempt.judged = True
             if not was_closed:
                 attempt.unblocks = True  # a probe's answer: the breaker may let claims pass
+            if lane.plain and outcome.kind == "deferred":
+                # A plain bot gets no identity to settle with: its 202 is all it can say.
+                outcome = Outcome("completed")
             await self._conclude(attempt, outcome)
         except StoreError as error:
             log.warning(
@@ -333,19 +372,6 @@ class Dispatcher:
                 attempt.describe(),
                 error,
             )
-        finally:
-            self._attempts.discard(attempt)
-            lane.in_flight -= 1
-            self._in_flight -= 1
-            # Look again only when this end can make something claimable: a waiting update
-            # of its chat, capacity the claim loop waits for, or a bot that had more due.
-            # Otherwise new rows wake the loop themselves, and a poll catches the rest.
-            if (
-                attempt.unblocks
-                or lane.saturated
-                or self._capacity - self._in_flight == self._refill
-            ):
-                self._wake.set()
 
     async def _conclude(self, attempt: Attempt, outcome: Outcome) -> None:
         now = self._clock.now()
@@ -366,8 +392,7 @@ class Dispatcher:
                 return
             error = outcome.error or "retry"
             if await self._settle(attempt, Failed(now, retry_at, error)):
-                loop = asyncio.get_running_loop()
-                loop.call_later(self._clock.seconds_until(retry_at), self._wake.set)
+                self._wake_at(retry_at)
 
     async def _end(self, attempt: Attempt, error: str) -> None:
         """A terminal outcome: an exhaustion on a durable bot, abandoned otherwise."""
@@ -375,7 +400,10 @@ class Dispatcher:
         if not attempt.lane.durable:
             await self._settle(attempt, Abandoned(now, error))
             return
-        if await self._store.exhaust(attempt.identity, now, error):
+        exhausted = await self._retrying(
+            attempt, lambda: self._store.exhaust(attempt.identity, now, error)
+        )
+        if exhausted:
             log.warning("%s: exhausted (%s)", attempt.describe(), error)
             attempt.unblocks = attempt.queue_key is not None
             if self._exhaustions is not None:
@@ -384,29 +412,63 @@ class Dispatcher:
             self._lost(attempt, "exhaust refused")
 
     async def _settle(self, attempt: Attempt, settlement: Settlement) -> bool:
-        """A fenced settle, retried while the database is unavailable and the lease holds."""
+        """A fenced settle; False (and the owner-lost signal) when it was refused."""
         identity = attempt.identity
+        if attempt.lane.plain:
+
+            async def settle_plain() -> bool:
+                bot, update_id, number = identity.bot, identity.update_id, identity.attempt
+                await self._store.settle(bot, update_id, number, settlement)
+                return True  # the base settle cannot say whether it took effect
+
+            return await self._retrying(attempt, settle_plain)
+        arrivals = self._arrivals
+        settled = await self._retrying(
+            attempt, lambda: self._settler.submit((identity, settlement))
+        )
+        if not isinstance(settlement, Failed):  # a retry keeps its chat blocked
+            # The settle reports a later update of the chat it could see; one committed while
+            # it ran may have been claimed for and found blocked: look again for it too.
+            racing = attempt.queue_key is not None and self._arrivals != arrivals
+            attempt.unblocks = attempt.unblocks or settled.unblocks or racing
+        if settled.took_effect:
+            return True
+        self._lost(attempt, "settle refused")
+        return False
+
+    async def _retrying(self, attempt: Attempt, call: Callable[[], Awaitable[Result]]) -> Result:
+        """`call`, retried while the database is unavailable and the lease still holds."""
         pause = 0.05
         while True:
             try:
-                if attempt.lane.plain:
-                    await self._store.settle(
-                        identity.bot, identity.update_id, identity.attempt, settlement
-                    )
-                    return True
-                settled = await self._settler.submit((identity, settlement))
-                # A retry keeps its chat blocked; a final settle opens it.
-                final = not isinstance(settlement, Failed)
-                attempt.unblocks = attempt.unblocks or (final and settled.unblocks)
-                if settled.took_effect:
-                    return True
-                self._lost(attempt, "settle refused")
-                return False
+                return await call()
             except StoreUnavailable:
                 if self._clock.now() + pause * 1000 > attempt.lease_until:
                     raise
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
+
+    def _wake_at(self, at: int) -> None:
+        """Wake the claim loop when a retry falls due (one timer, for the earliest)."""
+        heapq.heappush(self._retries, at)
+        if self._retries[0] == at:
+            self._arm_retry_timer()
+
+    def _arm_retry_timer(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+        self._retry_timer = None
+        if self._retries:
+            # A little late rather than early: uvloop's timers round to whole milliseconds.
+            delay = self._clock.seconds_until(self._retries[0]) + 0.002
+            self._retry_timer = asyncio.get_running_loop().call_later(delay, self._retry_due)
+
+    def _retry_due(self) -> None:
+        now = self._clock.now()
+        while self._retries and self._retries[0] <= now:
+            heapq.heappop(self._retries)
+        self._wake.set()
+        self._arm_retry_timer()
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -443,6 +505,8 @@ class Dispatcher:
             return
         finally:
             attempt.renewing = False
+        if not attempt.forwarding or attempt.lost:
+            return  # the attempt ended meanwhile: a refusal now means nothing
         if renewed:
             attempt.lease_until = max(attempt.lease_until, lease_until)
             attempt.renewed_at = now
@@ -458,3 +522,9 @@ class Dispatcher:
         log.warning("%s: owner lost (%s)", attempt.describe(), why)
         if attempt.forwarding and attempt.task is not None:
             attempt.task.cancel()
+
+
+def _report_exit(task: asyncio.Task[None]) -> None:
+    """A background loop of the dispatcher ended other than by being stopped: say so."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("dispatcher task %s died", task.get_name(), exc_info=task.exception())

@@ -70,6 +70,8 @@ class ExhaustionDelivery:
                 await self.sweep()
             except StoreError as error:
                 log.warning("exhaustion delivery: %s", error)
+            except Exception:  # a bug must not end delivery for the life of the process
+                log.exception("exhaustion delivery failed")
             await wait_or_timeout(self._wake, self._retry)
 
     async def sweep(self) -> int:
@@ -83,8 +85,11 @@ class ExhaustionDelivery:
             seen.update(exhaustion.identity for exhaustion in page)
             now = time.monotonic()
             due = [e for e in page if self._failing.get(e.identity, (0, now))[1] <= now]
-            results = await asyncio.gather(*(self._deliver(e) for e in due))
-            delivered += sum(results)
+            results = await asyncio.gather(*(self._deliver(e) for e in due), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result  # after every delivery of the page has ended
+            delivered += sum(1 for result in results if result)
             if len(page) < PAGE:
                 break
             after = (page[-1].identity.bot, page[-1].identity.update_id)
@@ -124,6 +129,9 @@ async def prune_forever(
             deleted = await store.prune(clock.now() - retention_ms)
         except StoreError as error:
             log.warning("prune: %s", error)
+        except Exception:  # a bug must not end pruning for the life of the process
+            log.exception("prune failed")
+            deleted = 0
         else:
             if deleted:
                 log.info("pruned %d settled rows", deleted)

@@ -138,6 +138,8 @@ def translated_errors(table: str) -> Iterator[None]:
         yield
     except exc.DBAPIError as error:
         raise _translate(error, table) from error
+    except exc.TimeoutError as error:  # no pooled connection came free in time
+        raise StoreUnavailable(f"database unavailable: {error}") from error
     except (ConnectionError, TimeoutError) as error:
         raise StoreUnavailable(f"database unavailable: {error}") from error
 

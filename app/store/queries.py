@@ -564,10 +564,15 @@ def acknowledge_exhaustion(t: Table, *, identity: ClaimIdentity, at: int) -> Upd
     )
 
 
-# -- the clock (PostgreSQL) --------------------------------------------------------------------
+# -- the clock and wake-ups (PostgreSQL) -------------------------------------------------------
 
 
 def database_time() -> Select[Any]:
     """The database's clock in epoch ms: the one clock that the leases of every host share."""
     epoch = func.extract("epoch", func.clock_timestamp())
     return select(cast(func.floor(epoch * 1000), BigInteger))
+
+
+def announce(channel: str) -> Select[Any]:
+    """Wake the listeners of `channel` (at this statement's commit)."""
+    return select(func.pg_notify(channel, ""))

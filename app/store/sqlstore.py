@@ -201,6 +201,13 @@ class SqlUpdateStore:
         async with self._read() as connection:
             return int((await connection.execute(queries.database_time())).scalar_one())
 
+    async def announce(self) -> None:
+        """Wake the workers of other processes now (the NOTIFY that `add_many` sends on its
+        own); a no-op on SQLite, which has no listeners."""
+        if not self._sqlite:
+            async with self._write() as connection:
+                await connection.execute(queries.announce(self.wake_channel))
+
     # -- transactions --------------------------------------------------------------------------
 
     @asynccontextmanager

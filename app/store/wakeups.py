@@ -43,7 +43,15 @@ async def listen(
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(
-                _conninfo(store), autocommit=True, application_name="telegram-intake listener"
+                _conninfo(store),
+                autocommit=True,
+                application_name="telegram-intake listener",
+                connect_timeout=5,
+                # A connection that died silently is noticed within about a minute.
+                keepalives=1,
+                keepalives_idle=30,
+                keepalives_interval=10,
+                keepalives_count=3,
             ) as connection:
                 await connection.execute(
                     sql.SQL("LISTEN {}").format(sql.Identifier(store.wake_channel))
@@ -54,7 +62,7 @@ async def listen(
                 wake()  # whatever arrived while we were not listening
                 async for _ in connection.notifies():
                     wake()
-        except psycopg.Error as error:
+        except (psycopg.Error, OSError) as error:
             log.warning(
                 "wake-up listener lost its connection (%s); retrying in %.1f s", error, pause
             )

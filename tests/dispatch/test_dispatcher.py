@@ -12,7 +12,14 @@ import pytest
 from standardwebhooks import Webhook
 
 from app.dispatch.dispatcher import HANDED_BACK
-from app.store import ClaimIdentity, Completed, SchemaError, StoreUnavailable, open_store
+from app.store import (
+    Claimed,
+    ClaimIdentity,
+    Completed,
+    SchemaError,
+    StoreUnavailable,
+    open_store,
+)
 from tests.conftest import Storage, table_rows
 from tests.dispatch.conftest import (
     DOWNSTREAM_SECRET,
@@ -437,3 +444,45 @@ async def test_the_prune_loop_deletes_settled_rows_after_the_retention(
         # The completed row goes after half a second; the exhaustion stays, unacknowledged.
         await until(url, lambda r: [(u, s) for u, s, _, _ in r] == [(2, "abandoned")])
     assert rows(url, "update_id", "exhausted_at", "acknowledged_at")[0][2] is None
+
+
+async def test_a_probe_that_ends_unanswered_does_not_stop_the_bot_for_good(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    """The breaker's probe expires before it is sent: the next claim probes again, and the
+    bot is delivered to once its downstream answers."""
+    downstream.answer = by_attempt(status(500), ok)
+    url = storage.url()
+    shop = bot(
+        downstream,
+        ordering="none",
+        breaker_failures=1,
+        breaker_cooldown_seconds=0.3,
+        retry_base_seconds=0.5,
+        retry_cap_seconds=0.5,
+    )
+    async with dispatching(settings_for(url, shop)) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await eventually(lambda: downstream.received)  # the 500 opens the breaker
+        stale = json.dumps({"update_id": 2, "callback_query": {"id": "1", "data": "x"}})
+        await store.add("shop", 2, stale, now_ms() - 200_000, update_type="callback_query")
+        await until(url, lambda r: [s for _, s, _, _ in r] == ["completed", "abandoned"])
+    assert rows(url)[1] == (2, "abandoned", 1, "expired")
+    assert [(r.update_id, r.attempt) for r in downstream.received] == [(1, 1), (1, 2)]
+
+
+async def test_an_attempt_cancelled_before_it_starts_gives_its_capacity_back(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    async with dispatching(settings_for(storage.url(), bot(downstream))) as (worker, _):
+        lane = worker._lanes[0]
+        identity = ClaimIdentity("shop", 1, 1, "never-claimed")
+        claimed = Claimed(identity, message(1), "message", "42", now_ms())
+        attempt = worker._start(lane, claimed, now_ms() + 5_000, now_ms())
+        assert worker.in_flight == 1
+        assert attempt.task is not None
+        attempt.task.cancel()  # before its first step: its coroutine never runs
+        await asyncio.gather(attempt.task, return_exceptions=True)
+        assert worker.in_flight == 0
+        assert lane.in_flight == 0
+    assert downstream.received == []

@@ -219,3 +219,12 @@ async def test_sqlite_file_uri_serves_reads_beside_writes(sqlite_storage: Storag
         assert len(await store.due(now=1, pending_before=1, limit=100)) == 20
     finally:
         await store.close()
+
+
+def test_a_pool_checkout_timeout_is_unavailability() -> None:
+    from sqlalchemy import exc
+
+    from app.store.engine import translated_errors
+
+    with pytest.raises(StoreUnavailable, match="database unavailable"), translated_errors("t"):
+        raise exc.TimeoutError("QueuePool limit of size 10 overflow 10 reached")
