@@ -9,8 +9,10 @@ hosts to within a round trip's half (well under a millisecond on one network).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
+from collections.abc import Callable
 
 from app.store import SqlUpdateStore, StoreError
 
@@ -65,3 +67,38 @@ async def wait_or_timeout(event: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class Alarm:
+    """Calls `ring` when each of the times given falls due by `clock`, with one timer armed
+    for the earliest (thousands of pending retries cost one timer, not thousands)."""
+
+    def __init__(self, clock: DatabaseClock, ring: Callable[[], None]) -> None:
+        self._clock = clock
+        self._ring = ring
+        self._times: list[int] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def at(self, when: int) -> None:
+        heapq.heappush(self._times, when)
+        if self._times[0] == when:
+            self._arm()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+
+    def _arm(self) -> None:
+        self.cancel()
+        if self._times:
+            # A little late rather than early: uvloop's timers round to whole milliseconds.
+            delay = self._clock.seconds_until(self._times[0]) + 0.002
+            self._timer = asyncio.get_running_loop().call_later(delay, self._due)
+
+    def _due(self) -> None:
+        now = self._clock.now()
+        while self._times and self._times[0] <= now:
+            heapq.heappop(self._times)
+        self._ring()
+        self._arm()

@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
 
 from app.config import BotSettings, Settings
-from app.dispatch.breaker import Breaker
-from app.dispatch.clock import DatabaseClock, wait_or_timeout
-from app.dispatch.forward import Downstream
+from app.dispatch.attempt import Attempt, Lane
+from app.dispatch.clock import Alarm, DatabaseClock, wait_or_timeout
+from app.dispatch.leases import LeaseKeeper
 from app.dispatch.maintenance import ExhaustionDelivery, prune_forever
 from app.dispatch.policy import Outcome, retry_delay_ms
 from app.dispatch.settler import Settler
@@ -54,48 +52,6 @@ Result = TypeVar("Result")
 PLAIN_CLAIM = "(plain)"
 EXPIRED = "expired"
 HANDED_BACK = "handed back: the worker was shutting down"
-
-
-class Lane:
-    """One bot's share of a dispatcher: its settings, downstream, breaker, attempts in flight."""
-
-    def __init__(self, bot: BotSettings, transport: httpx.AsyncBaseTransport) -> None:
-        self.bot = bot
-        self.name = bot.name
-        self.plain = bot.mode == "plain"
-        self.durable = bot.mode == "durable"
-        self.lease_ms = int(bot.lease_seconds * 1000)
-        self.downstream = Downstream(bot, transport)
-        self.breaker = Breaker(
-            bot.name, failures=bot.breaker_failures, cooldown=bot.breaker_cooldown_seconds
-        )
-        self.in_flight = 0
-        # The last claim took all it asked for, or the bot is at its limit: more may be due.
-        self.saturated = False
-
-
-@dataclass(eq=False, slots=True)
-class Attempt:
-    lane: Lane
-    identity: ClaimIdentity
-    body: str
-    update_type: str | None
-    received_at: int
-    queue_key: str | None
-    lease_until: int  # the last proven lease: due_at as this attempt last wrote it
-    renewed_at: int
-    task: asyncio.Task[None] | None = None
-    forwarding: bool = True  # the request is in flight (only then is it cancelled)
-    renewing: bool = False
-    lost: bool = False
-    handed_back: bool = False
-    unblocks: bool = False  # its end lets a later update of its chat be claimed
-    probe: bool = False  # the one attempt a half-open breaker let through
-    judged: bool = False  # its answer reached the breaker
-
-    def describe(self) -> str:
-        i = self.identity
-        return f"bot={i.bot} update_id={i.update_id} attempt={i.attempt} claim_id={i.claim_id}"
 
 
 class Dispatcher:
@@ -124,12 +80,10 @@ class Dispatcher:
         self._in_flight = 0
         self._wake = asyncio.Event()
         self._arrivals = 0  # wake-ups for new rows so far (see _settle)
-        self._retries: list[int] = []  # a heap of retry_at times, each a wake-up
-        self._retry_timer: asyncio.TimerHandle | None = None
+        self._retries = Alarm(self._clock, self._wake.set)  # a wake-up as each retry falls due
         self.listening = asyncio.Event()  # set once NOTIFY wake-ups arrive (PostgreSQL)
         self._stopping = False
         self._background: list[asyncio.Task[None]] = []
-        self._renewals: set[asyncio.Task[None]] = set()
         self._claim_loop: asyncio.Task[None] | None = None
         self.owner_lost = 0  # attempts that found their claim taken or lapsed
         exhaustion_targets = {
@@ -167,8 +121,11 @@ class Dispatcher:
         await self._clock.sync()
         await self._settler.start()
         settings = self._settings
+        keeper = LeaseKeeper(
+            self._store, self._clock.now, self._attempts, self._lost, tick=self._tick
+        )
         background = [
-            self._keep_leases(),
+            keeper.run(),
             self._clock.run(),
             listen(self._store, self.wake, listening=self.listening),
             prune_forever(
@@ -204,11 +161,10 @@ class Dispatcher:
         if handed_back:
             with contextlib.suppress(StoreError):
                 await self._store.announce()  # other processes take them over at once
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-        for job in [*self._background, *self._renewals]:
+        self._retries.cancel()
+        for job in self._background:
             job.cancel()
-        await asyncio.gather(*self._background, *self._renewals, return_exceptions=True)
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     # -- claiming ------------------------------------------------------------------------------
 
@@ -392,7 +348,7 @@ class Dispatcher:
                 return
             error = outcome.error or "retry"
             if await self._settle(attempt, Failed(now, retry_at, error)):
-                self._wake_at(retry_at)
+                self._retries.at(retry_at)
 
     async def _end(self, attempt: Attempt, error: str) -> None:
         """A terminal outcome: an exhaustion on a durable bot, abandoned otherwise."""
@@ -447,71 +403,6 @@ class Dispatcher:
                     raise
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
-
-    def _wake_at(self, at: int) -> None:
-        """Wake the claim loop when a retry falls due (one timer, for the earliest)."""
-        heapq.heappush(self._retries, at)
-        if self._retries[0] == at:
-            self._arm_retry_timer()
-
-    def _arm_retry_timer(self) -> None:
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-        self._retry_timer = None
-        if self._retries:
-            # A little late rather than early: uvloop's timers round to whole milliseconds.
-            delay = self._clock.seconds_until(self._retries[0]) + 0.002
-            self._retry_timer = asyncio.get_running_loop().call_later(delay, self._retry_due)
-
-    def _retry_due(self) -> None:
-        now = self._clock.now()
-        while self._retries and self._retries[0] <= now:
-            heapq.heappop(self._retries)
-        self._wake.set()
-        self._arm_retry_timer()
-
-    # -- leases --------------------------------------------------------------------------------
-
-    async def _keep_leases(self) -> None:
-        tick_ms = self._tick * 1000
-        while True:
-            await asyncio.sleep(self._tick)
-            now = self._clock.now()
-            for attempt in list(self._attempts):
-                if not attempt.forwarding or attempt.lost:
-                    continue
-                if now + tick_ms >= attempt.lease_until:
-                    # It would lapse before the next look: stop the request while the lease
-                    # still holds, rather than let it run on unowned.
-                    self._lost(attempt, "its lease ran out unrenewed")
-                elif not attempt.renewing and now - attempt.renewed_at >= attempt.lane.lease_ms / 3:
-                    attempt.renewing = True
-                    renewal = asyncio.create_task(self._renew(attempt, now))
-                    self._renewals.add(renewal)
-                    renewal.add_done_callback(self._renewals.discard)
-
-    async def _renew(self, attempt: Attempt, now: int) -> None:
-        identity = attempt.identity
-        lease_until = now + attempt.lane.lease_ms
-        try:
-            if attempt.lane.plain:
-                renewed = await self._store.renew(
-                    identity.bot, identity.update_id, identity.attempt, lease_until, now=now
-                )
-            else:
-                renewed = await self._store.renew_owned(identity, lease_until, now=now)
-        except StoreError as error:
-            log.warning("%s: renewal failed (%s); will retry", attempt.describe(), error)
-            return
-        finally:
-            attempt.renewing = False
-        if not attempt.forwarding or attempt.lost:
-            return  # the attempt ended meanwhile: a refusal now means nothing
-        if renewed:
-            attempt.lease_until = max(attempt.lease_until, lease_until)
-            attempt.renewed_at = now
-        else:
-            self._lost(attempt, "renewal refused")
 
     def _lost(self, attempt: Attempt, why: str) -> None:
         """The advisory owner-lost signal: cancel the request, settle nothing."""

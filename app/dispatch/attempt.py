@@ -1,0 +1,59 @@
+"""The dispatcher's state: a lane per bot, and one record per attempt in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import httpx
+
+from app.config import BotSettings
+from app.dispatch.breaker import Breaker
+from app.dispatch.forward import Downstream
+from app.store import ClaimIdentity
+
+
+class Lane:
+    """One bot's share of a dispatcher: its settings, downstream, breaker, attempts in flight."""
+
+    def __init__(self, bot: BotSettings, transport: httpx.AsyncBaseTransport) -> None:
+        self.bot = bot
+        self.name = bot.name
+        self.plain = bot.mode == "plain"
+        self.durable = bot.mode == "durable"
+        self.lease_ms = int(bot.lease_seconds * 1000)
+        self.downstream = Downstream(bot, transport)
+        self.breaker = Breaker(
+            bot.name, failures=bot.breaker_failures, cooldown=bot.breaker_cooldown_seconds
+        )
+        self.in_flight = 0
+        # The last claim took all it asked for, or the bot is at its limit: more may be due.
+        self.saturated = False
+
+
+@dataclass(eq=False, slots=True)
+class Attempt:
+    lane: Lane
+    identity: ClaimIdentity
+    body: str
+    update_type: str | None
+    received_at: int
+    queue_key: str | None
+    lease_until: int  # the last proven lease: due_at as this attempt last wrote it
+    renewed_at: int
+    task: asyncio.Task[None] | None = None
+    forwarding: bool = True  # the request is in flight (only then is it cancelled)
+    renewing: bool = False
+    lost: bool = False
+    handed_back: bool = False
+    unblocks: bool = False  # its end lets a later update of its chat be claimed
+    probe: bool = False  # the one attempt a half-open breaker let through
+    judged: bool = False  # its answer reached the breaker
+
+    def renewal_due(self, now: int) -> bool:
+        """A third of the lease has passed since it was last proven."""
+        return now - self.renewed_at >= self.lane.lease_ms / 3
+
+    def describe(self) -> str:
+        i = self.identity
+        return f"bot={i.bot} update_id={i.update_id} attempt={i.attempt} claim_id={i.claim_id}"
