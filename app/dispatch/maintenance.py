@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 PAGE = 100
 CONCURRENCY = 16
 MAX_RETRY_SECONDS = 3600.0
+MIN_SWEEP_SECONDS = 1.0
 
 
 def exhaustion_payload(exhaustion: Exhaustion) -> str:
@@ -66,12 +67,15 @@ class ExhaustionDelivery:
     async def run(self) -> None:
         while True:
             self._wake.clear()
+            began = time.monotonic()
             try:
                 await self.sweep()
             except StoreError as error:
                 log.warning("exhaustion delivery: %s", error)
             except Exception:  # a bug must not end delivery for the life of the process
                 log.exception("exhaustion delivery failed")
+            # A sweep reads every open exhaustion: in a storm of new ones, one a second.
+            await asyncio.sleep(max(0.0, MIN_SWEEP_SECONDS - (time.monotonic() - began)))
             await wait_or_timeout(self._wake, self._retry)
 
     async def sweep(self) -> int:
