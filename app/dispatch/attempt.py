@@ -10,7 +10,7 @@ import httpx
 from app.config import BotSettings
 from app.dispatch.breaker import Breaker
 from app.dispatch.forward import Downstream
-from app.store import ClaimIdentity
+from app.store import Claimed, ClaimIdentity
 
 
 class Lane:
@@ -34,11 +34,7 @@ class Lane:
 @dataclass(eq=False, slots=True)
 class Attempt:
     lane: Lane
-    identity: ClaimIdentity
-    body: str
-    update_type: str | None
-    received_at: int
-    queue_key: str | None
+    claimed: Claimed
     lease_until: int  # the last proven lease: due_at as this attempt last wrote it
     renewed_at: int
     task: asyncio.Task[None] | None = None
@@ -49,6 +45,16 @@ class Attempt:
     unblocks: bool = False  # its end lets a later update of its chat be claimed
     probe: bool = False  # the one attempt a half-open breaker let through
     judged: bool = False  # its answer reached the breaker
+
+    @property
+    def identity(self) -> ClaimIdentity:
+        return self.claimed.identity
+
+    @property
+    def expires_at(self) -> int | None:
+        """When delivering it can no longer help (its type's deadline from receipt), if ever."""
+        deadline = self.lane.bot.deadline_ms(self.claimed.update_type)
+        return None if deadline is None else self.claimed.received_at + deadline
 
     def renewal_due(self, now: int) -> bool:
         """A third of the lease has passed since it was last proven."""

@@ -254,16 +254,7 @@ class Dispatcher:
         return started
 
     def _start(self, lane: Lane, claimed: Claimed, lease_until: int, now: int) -> Attempt:
-        attempt = Attempt(
-            lane,
-            claimed.identity,
-            claimed.body,
-            claimed.update_type,
-            claimed.received_at,
-            claimed.queue_key,
-            lease_until,
-            now,
-        )
+        attempt = Attempt(lane, claimed, lease_until, now)
         lane.in_flight += 1
         self._in_flight += 1
         self._attempts.add(attempt)
@@ -291,14 +282,14 @@ class Dispatcher:
     async def _run(self, attempt: Attempt) -> None:
         lane = attempt.lane
         try:
-            deadline = lane.bot.deadline_ms(attempt.update_type)
-            if deadline is not None and self._clock.now() > attempt.received_at + deadline:
+            expires_at = attempt.expires_at
+            if expires_at is not None and self._clock.now() > expires_at:
                 attempt.forwarding = False
                 await self._end(attempt, EXPIRED)
                 return
             try:
                 outcome = await lane.downstream.forward(
-                    attempt.identity, attempt.body, attempt.lease_until
+                    attempt.identity, attempt.claimed.body, attempt.lease_until
                 )
             except asyncio.CancelledError:
                 if attempt.handed_back:
@@ -342,8 +333,8 @@ class Dispatcher:
             await self._end(attempt, f"attempts spent; last: {outcome.error}")
         else:
             retry_at = now + retry_delay_ms(bot, attempt.identity.attempt, outcome)
-            deadline = bot.deadline_ms(attempt.update_type)
-            if deadline is not None and retry_at > attempt.received_at + deadline:
+            expires_at = attempt.expires_at
+            if expires_at is not None and retry_at > expires_at:
                 await self._end(attempt, EXPIRED)
                 return
             error = outcome.error or "retry"
@@ -361,7 +352,7 @@ class Dispatcher:
         )
         if exhausted:
             log.warning("%s: exhausted (%s)", attempt.describe(), error)
-            attempt.unblocks = attempt.queue_key is not None
+            attempt.unblocks = attempt.claimed.queue_key is not None
             if self._exhaustions is not None:
                 self._exhaustions.wake()
         else:
@@ -385,7 +376,7 @@ class Dispatcher:
         if not isinstance(settlement, Failed):  # a retry keeps its chat blocked
             # The settle reports a later update of the chat it could see; one committed while
             # it ran may have been claimed for and found blocked: look again for it too.
-            racing = attempt.queue_key is not None and self._arrivals != arrivals
+            racing = attempt.claimed.queue_key is not None and self._arrivals != arrivals
             attempt.unblocks = attempt.unblocks or settled.unblocks or racing
         if settled.took_effect:
             return True
