@@ -12,7 +12,6 @@ itself. The server is a separate process (aiohttp, answering 200 at once).
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from app.dispatch.transport import AiohttpTransport as OurTransport
+from bench.child import free_port, process
 
 BODY = b'{"update_id": 1, "message": {"message_id": 1, "chat": {"id": 42, "type": "private"}}}'
 SERVER = """
@@ -51,6 +51,12 @@ async def _rate(post: Callable[[], Awaitable[int]], concurrency: int, seconds: f
     return done / (time.perf_counter() - started)
 
 
+async def _both(post: Callable[[], Awaitable[int]], seconds: float) -> tuple[float, float]:
+    """Requests/s one at a time and 64 at a time, after warming the connection pool."""
+    await _rate(post, 8, 0.5)
+    return await _rate(post, 1, seconds), await _rate(post, 64, seconds)
+
+
 async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
     results: dict[str, tuple[float, float]] = {}
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -66,8 +72,7 @@ async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
             async def post(client: httpx.AsyncClient = client) -> int:
                 return (await client.post(url, content=BODY)).status_code
 
-            await _rate(post, 8, 0.5)  # warm the pool
-            results[name] = (await _rate(post, 1, seconds), await _rate(post, 64, seconds))
+            results[name] = await _both(post, seconds)
     target = httpx.URL(url)  # parsed once, as a dispatcher keeps its downstream's URL
     async with httpx.AsyncClient(transport=OurTransport(max_connections=64)) as client:
 
@@ -82,8 +87,7 @@ async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
             "httpx over app AiohttpTransport: AsyncClient.post": post_client,
             "httpx over app AiohttpTransport: AsyncClient.send(Request)": send_request,
         }.items():
-            await _rate(post, 8, 0.5)
-            results[name] = (await _rate(post, 1, seconds), await _rate(post, 64, seconds))
+            results[name] = await _both(post, seconds)
     transport = OurTransport(max_connections=64)
     timeout = {"timeout": httpx.Timeout(5.0).as_dict()}
     try:
@@ -94,11 +98,8 @@ async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
             await response.aread()
             return response.status_code
 
-        await _rate(handle, 8, 0.5)
-        results["httpx over app AiohttpTransport: handle_async_request(Request)"] = (
-            await _rate(handle, 1, seconds),
-            await _rate(handle, 64, seconds),
-        )
+        name = "httpx over app AiohttpTransport: handle_async_request(Request)"
+        results[name] = await _both(handle, seconds)
     finally:
         await transport.aclose()
     connector = aiohttp.TCPConnector(limit=64)
@@ -109,29 +110,15 @@ async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
                 await response.read()
                 return response.status
 
-        await _rate(post_aiohttp, 8, 0.5)
-        results["aiohttp"] = (
-            await _rate(post_aiohttp, 1, seconds),
-            await _rate(post_aiohttp, 64, seconds),
-        )
+        results["aiohttp"] = await _both(post_aiohttp, seconds)
     return results
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def main(*, quick: bool = False) -> str:
-    port = _free_port()
-    server = await asyncio.create_subprocess_exec(sys.executable, "-c", SERVER, str(port))
-    try:
+    port = free_port()
+    async with process(sys.executable, "-c", SERVER, str(port)):
         await asyncio.sleep(1.5)
         results = await _measure(f"http://127.0.0.1:{port}/hook", 1.0 if quick else 5.0)
-    finally:
-        server.terminate()
-        await server.wait()
     best = max(rate for _, rate in results.values())
     rows = [
         f"| {name} | {one:,.0f} | {many:,.0f} | {many / best:.2f} |"

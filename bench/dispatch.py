@@ -16,16 +16,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
 
 import aiohttp
 import psycopg
@@ -33,9 +29,9 @@ import psycopg
 from app.store import NewUpdate, open_store
 from app.store.migrate import upgrade
 from bench import client
+from bench.child import free_port, process
 from bench.store import POSTGRES_URL
 
-ROOT = Path(__file__).resolve().parents[1]
 BOT = "bench"
 SECRET = "bench-secret_token"  # noqa: S105 - a fixed test secret
 CHATS = 500
@@ -86,12 +82,6 @@ uvloop.run(main(*sys.argv[1:]))  # as PgQueuer's own CLI runs it
 """
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def body(update_id: int) -> str:
     chat = 1_000_000 + update_id % CHATS
     return json.dumps(
@@ -106,43 +96,6 @@ def body(update_id: int) -> str:
             },
         }
     )
-
-
-@asynccontextmanager
-async def process(
-    *command: str, env: dict[str, str] | None = None, ready: str
-) -> AsyncIterator[None]:
-    """A child process, ready once a line of its output contains `ready`; SIGTERM on exit."""
-    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
-    child = await asyncio.create_subprocess_exec(
-        *command,
-        cwd=ROOT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        assert child.stdout is not None
-        async with asyncio.timeout(60):
-            while ready:
-                line = await child.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"{command} exited before it was ready")
-                log.write(line)
-                if ready.encode() in line:
-                    break
-        drain = asyncio.create_task(child.stdout.read())
-        yield
-    finally:
-        if child.returncode is None:
-            child.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(child.wait(), 30)
-        except TimeoutError:
-            child.kill()
-        if "drain" in locals():
-            drain.cancel()
-        log.close()
 
 
 @asynccontextmanager

@@ -23,7 +23,6 @@ import asyncio
 import itertools
 import json
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -35,6 +34,7 @@ from sqlalchemy import text
 
 from app.store.engine import create_sync_engine
 from app.store.schema import DEFAULT_TABLE
+from bench.child import process
 from bench.intake_servers import BOT, HOST, SECRET
 from bench.store import fresh_storage
 
@@ -87,24 +87,9 @@ class Load:
 @asynccontextmanager
 async def server(kind: str, database_url: str) -> AsyncIterator[int]:
     """Start one server process; yield its port; stop it with SIGTERM."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.intake_servers", kind, database_url,
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        if not line.startswith(b"ready "):
-            raise RuntimeError(f"the {kind} server did not start")
+    command = (sys.executable, "-m", "bench.intake_servers", kind, database_url)
+    async with process(*command, ready="ready ", merge_stderr=False) as line:
         yield int(line.split()[1])
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 60)
-        except TimeoutError:
-            process.kill()
-            raise
 
 
 async def generate(*command: str, first: int) -> Load:

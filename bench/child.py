@@ -1,0 +1,59 @@
+"""Child processes for the benchmarks: a free port, and a process started and stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@asynccontextmanager
+async def process(
+    *command: str,
+    env: dict[str, str] | None = None,
+    ready: str = "",
+    merge_stderr: bool = True,
+) -> AsyncIterator[str]:
+    """A child process in the project's root; yields the first line of its output holding
+    `ready` (at once, and "", when `ready` is empty). SIGTERM on exit, SIGKILL after 30 s."""
+    child = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT if merge_stderr else None,
+    )
+    drain: asyncio.Task[bytes] | None = None
+    try:
+        assert child.stdout is not None
+        seen: list[bytes] = []
+        line = b""
+        async with asyncio.timeout(60):
+            while ready and ready.encode() not in line:
+                line = await child.stdout.readline()
+                if not line:
+                    output = b"".join(seen[-20:]).decode(errors="replace")
+                    raise RuntimeError(f"{command} exited before it was ready:\n{output}")
+                seen.append(line)
+        drain = asyncio.create_task(child.stdout.read())  # never let its pipe fill
+        yield line.decode().strip()
+    finally:
+        if child.returncode is None:
+            child.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(child.wait(), 30)
+        except TimeoutError:
+            child.kill()
+        if drain is not None:
+            drain.cancel()
