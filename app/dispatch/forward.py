@@ -29,9 +29,11 @@ class Downstream:
         self.bot = bot
         self._transport = transport
         self._url = httpx.URL(str(bot.downstream_url))
-        self._exhaustion_url = None if bot.exhaustion_url is None else str(bot.exhaustion_url)
+        exhaustion_url = bot.exhaustion_url
+        self._exhaustion_url = None if exhaustion_url is None else httpx.URL(str(exhaustion_url))
         # identity: httpx would inflate a compressed answer past the transport's size bound.
-        self._headers = {"content-type": "application/json", "accept-encoding": "identity"}
+        self._plain_headers = {"content-type": "application/json", "accept-encoding": "identity"}
+        self._headers = dict(self._plain_headers)
         if bot.downstream_secret_token is not None:
             secret = bot.downstream_secret_token.get_secret_value()
             self._headers["x-telegram-bot-api-secret-token"] = secret
@@ -58,10 +60,9 @@ class Downstream:
         if self._exhaustion_url is None:
             raise ValueError(f"bot {self.bot.name!r} has no exhaustion_url")
         key = f"{identity.bot}:{identity.update_id}:{identity.attempt}:{identity.claim_id}"
-        headers = {**self._headers, "idempotency-key": key}
-        headers.pop("x-telegram-bot-api-secret-token", None)
+        headers = {**self._plain_headers, "idempotency-key": key}
         self._sign(headers, f"exhaustion:{key}", payload)
-        return await self._post(httpx.URL(self._exhaustion_url), headers, payload)
+        return await self._post(self._exhaustion_url, headers, payload)
 
     def _sign(self, headers: dict[str, str], message_id: str, body: str) -> None:
         if self._signer is None:
