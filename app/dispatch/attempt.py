@@ -61,5 +61,10 @@ class Attempt:
         return now - self.renewed_at >= self.lane.lease_ms / 3
 
     def describe(self) -> str:
-        i = self.identity
-        return f"bot={i.bot} update_id={i.update_id} attempt={i.attempt} claim_id={i.claim_id}"
+        return describe(self.identity)
+
+
+def describe(identity: ClaimIdentity) -> str:
+    """An attempt's identity as log lines show it."""
+    i = identity
+    return f"bot={i.bot} update_id={i.update_id} attempt={i.attempt} claim_id={i.claim_id}"

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 
+from app.dispatch.attempt import describe
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
 from app.store import ClaimIdentity, Exhaustion, SqlUpdateStore, StoreError
@@ -110,12 +111,8 @@ class ExhaustionDelivery:
             pause = min(self._retry * 2 ** min(failures - 1, 20), MAX_RETRY_SECONDS)
             self._failing[identity] = (failures, time.monotonic() + pause)
             log.warning(
-                "exhaustion of bot=%s update_id=%d attempt=%d claim_id=%s not delivered "
-                "(%s); next try in %.0f s",
-                identity.bot,
-                identity.update_id,
-                identity.attempt,
-                identity.claim_id,
+                "exhaustion of %s not delivered (%s); next try in %.0f s",
+                describe(identity),
                 outcome.error,
                 pause,
             )
@@ -135,7 +132,6 @@ async def prune_forever(
             log.warning("prune: %s", error)
         except Exception:  # a bug must not end pruning for the life of the process
             log.exception("prune failed")
-            deleted = 0
         else:
             if deleted:
                 log.info("pruned %d settled rows", deleted)
