@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import logging
 import secrets
 import sys
@@ -13,8 +14,10 @@ from typing import Any
 
 import uvicorn
 from pydantic import SecretStr, ValidationError
+from starlette.types import ASGIApp
 
-from app.config import BotSettings, Settings, describe
+from app.config import ApiKey, BotSettings, Settings, describe
+from app.demo import demo_downstream
 from app.store import StoreError, migrate
 from app.store.engine import normalise_url
 
@@ -28,11 +31,26 @@ def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(settings: Settings, args: argparse.Namespace) -> Settings:
-    """Bot `default` with a fresh secret, printed once with a ready curl line."""
+DEMO_PATH = "/demo/downstream"
+
+
+def _demo(settings: Settings, args: argparse.Namespace) -> tuple[Settings, ASGIApp]:
+    """Bot `default` with a fresh secret, printed once with a ready curl line, forwarding to
+    the demo downstream mounted in the same process, which calls back with a fresh key."""
     secret = secrets.token_urlsafe(24)
-    bot = BotSettings(name="default", secret_token=SecretStr(secret))
-    url = f"http://{args.host}:{args.port}/telegram/default"
+    api_key = secrets.token_urlsafe(24)
+    signing_secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    base = f"http://{args.host}:{args.port}"
+    bot = BotSettings(
+        name="default",
+        secret_token=SecretStr(secret),
+        downstream_url=f"{base}{DEMO_PATH}/",
+        signing_secret=SecretStr(signing_secret),
+    )
+    downstream = demo_downstream(
+        intake_url=base, api_key=api_key, signing_secret=signing_secret, secret_token=None
+    )
+    url = f"{base}/telegram/default"
     print(
         f"demo: bot 'default', secret token {secret}\n"
         f"demo: try  curl -s -H 'X-Telegram-Bot-Api-Secret-Token: {secret}' "
@@ -41,7 +59,8 @@ def _demo(settings: Settings, args: argparse.Namespace) -> Settings:
         f'"text": "hello"}}}}\' {url}',
         flush=True,
     )
-    return settings.model_copy(update={"bots": (bot,)})
+    keys = (ApiKey(key=SecretStr(api_key), bots=("default",)),)
+    return settings.model_copy(update={"bots": (bot,), "api_keys": keys}), downstream
 
 
 def _configuration_problem(settings: Settings, *, workers: bool, demo: bool) -> str | None:
@@ -60,8 +79,9 @@ def _configuration_problem(settings: Settings, *, workers: bool, demo: bool) -> 
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    mounts: dict[str, ASGIApp] = {}
     if args.demo:
-        settings = _demo(settings, args)
+        settings, mounts[DEMO_PATH] = _demo(settings, args)
     workers = args.command == "run"
     problem = _configuration_problem(settings, workers=workers, demo=args.demo)
     if problem:
@@ -72,7 +92,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         migrate.upgrade(settings.database_url, table=settings.table)
     from app.main import create_app, server_config
 
-    app = create_app(settings, workers=workers)
+    app = create_app(settings, workers=workers, mounts=mounts)
     server = uvicorn.Server(server_config(app, host=args.host, port=args.port))
     server.run()
     return 0 if server.started else 1  # uvicorn has logged why it could not start
@@ -102,6 +122,39 @@ def _worker(settings: Settings, _args: argparse.Namespace) -> int:
         print(f"worker: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _demo_downstream(settings: Settings, args: argparse.Namespace) -> int:
+    bot = settings.bot(args.bot)
+    if bot is None:
+        print(f"no bot {args.bot!r} is configured", file=sys.stderr)
+        return 2
+    signing = bot.signing_secret
+    token = bot.downstream_secret_token
+    if signing is None and token is None:
+        print(
+            f"bot {bot.name!r} has neither signing_secret nor downstream_secret_token: the "
+            "demo downstream could not tell the service's requests from anyone's",
+            file=sys.stderr,
+        )
+        return 2
+    key = next(
+        (k for k in settings.api_keys if k.allows(bot.name) and "callback" in k.scopes), None
+    )
+    if key is None:
+        print(f"no API key with the callback scope for bot {bot.name!r}", file=sys.stderr)
+        return 2
+    app = demo_downstream(
+        intake_url=args.intake_url,
+        api_key=key.key.get_secret_value(),
+        signing_secret=None if signing is None else signing.get_secret_value(),
+        secret_token=None if token is None else token.get_secret_value(),
+    )
+    from app.main import server_config
+
+    server = uvicorn.Server(server_config(app, host=args.host, port=args.port))  # type: ignore[arg-type]
+    server.run()
+    return 0 if server.started else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Example: INTAKE_DATABASE_URL=postgresql://db/intake telegram-intake migrate",
     )
     migrate_command.set_defaults(handler=_migrate)
+    demo_command = commands.add_parser(
+        "demo-downstream",
+        help="serve a small downstream that verifies each forwarded update, checks its "
+        "ownership through the callback API and logs it",
+        description="Serve the demo downstream: point a bot's downstream_url at it. It verifies "
+        "with the bot's signing_secret or downstream_secret_token and calls back with an "
+        "INTAKE_API_KEYS key. Example: telegram-intake demo-downstream --port 8081 "
+        "--intake-url http://127.0.0.1:8080",
+    )
+    demo_command.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    demo_command.add_argument("--port", type=int, default=8081, help="default: 8081")
+    demo_command.add_argument(
+        "--intake-url", default="http://127.0.0.1:8080", help="the service, for callbacks"
+    )
+    demo_command.add_argument("--bot", default="default", help="whose updates it takes")
+    demo_command.set_defaults(handler=_demo_downstream)
     return parser
 
 
@@ -149,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise
     try:
         settings = Settings()
     except ValidationError as error:
@@ -157,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, tomllib.TOMLDecodeError) as error:
         print(f"invalid configuration: {error}", file=sys.stderr)
         return 2
-    if hasattr(args, "host"):
+    if args.command in ("run", "serve"):
         args.host = args.host or settings.host
         args.port = settings.port if args.port is None else args.port
     handler: Handler = args.handler

@@ -56,6 +56,9 @@ DEFAULT_DEADLINES = {
     "pre_checkout_query": 10.0,
 }
 Networks = Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], NoDecode]
+Scope = Literal["callback", "operations"]
+# Long enough that guessing is hopeless, and free of what would split a list or a header.
+API_KEY_PATTERN = r"^[A-Za-z0-9._~+/=-]{16,256}$"
 
 
 def _check_secret_token(value: SecretStr | None) -> SecretStr | None:
@@ -156,6 +159,33 @@ class BotSettings(BotOptions):
         return _check_secret_token(value)
 
 
+class ApiKey(BaseModel):
+    """A bearer key for `/v1/*`: every bot and both scopes unless limited. `callback` covers
+    what a downstream calls (owns, renew, settle, acknowledge); `operations` covers the rest
+    (exhaustions, updates, stats; acknowledge too)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    key: SecretStr
+    bots: tuple[str, ...] | None = None  # None: every bot
+    scopes: tuple[Scope, ...] = ("callback", "operations")
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, value: SecretStr) -> SecretStr:
+        if not re.fullmatch(API_KEY_PATTERN, value.get_secret_value()):
+            raise ValueError("must be 16-256 characters of A-Z, a-z, 0-9 and ._~+/=-")
+        return value
+
+    @field_validator("bots")
+    @classmethod
+    def _check_bots(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if value is None else tuple(validate.bot_name(name) for name in value)
+
+    def allows(self, bot: str) -> bool:
+        return self.bots is None or bot in self.bots
+
+
 class Settings(BaseSettings, BotOptions):
     """Everything the service reads from its environment and configuration file."""
 
@@ -171,6 +201,10 @@ class Settings(BaseSettings, BotOptions):
     bots: tuple[BotSettings, ...] = ()
     # With no [[bots]], a secret token makes the `default` bot of this and BotOptions.
     secret_token: SecretStr | None = None
+
+    # Bearer keys for /v1/*: INTAKE_API_KEYS="key1,key2" (full access), or [[api_keys]] tables
+    # with `key`, `bots` and `scopes` in the file.
+    api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
 
     # Intake.
     max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
@@ -218,6 +252,15 @@ class Settings(BaseSettings, BotOptions):
     def _check_table(cls, value: str) -> str:
         return validate.table_name(value)
 
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_api_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple):
+            return tuple({"key": item} if isinstance(item, str) else item for item in value)
+        return value
+
     @field_validator("allowed_sources", "trusted_proxies", mode="before")
     @classmethod
     def _parse_networks(cls, value: Any) -> Any:
@@ -244,6 +287,13 @@ class Settings(BaseSettings, BotOptions):
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
             raise ValueError(f"bots: names {duplicated} appear more than once")
+        for index, api_key in enumerate(self.api_keys):
+            unknown = sorted(set(api_key.bots or ()) - set(names))
+            if unknown:
+                raise ValueError(f"api_keys.{index}.bots: {unknown} are not configured bots")
+        keys = [api_key.key.get_secret_value() for api_key in self.api_keys]
+        if len(set(keys)) != len(keys):
+            raise ValueError("api_keys: a key appears more than once")
         return self
 
     def bot(self, name: str) -> BotSettings | None:

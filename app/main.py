@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
@@ -13,8 +13,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.types import ASGIApp
 
-from app import __version__
+from app import __version__, api
+from app.api import Keys, Services
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.dispatch.clock import DatabaseClock
@@ -50,6 +52,7 @@ def create_app(
     *,
     workers: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
+    mounts: Mapping[str, ASGIApp] | None = None,
 ) -> FastAPI:
     """Assemble the service: the intake, and with `workers` the dispatcher in this process
     (`telegram-intake run`). The store opens when the app starts and closes when it stops."""
@@ -86,11 +89,30 @@ def create_app(
             app.state.store = store
             app.state.dispatcher = dispatcher
             app.state.intake = Intake(settings, committer, clock.now)
+
+            async def wake() -> None:
+                if dispatcher is not None:
+                    dispatcher.wake()
+                await store.announce()  # workers in other processes
+
+            app.state.services = Services(settings, store, clock.now, wake)
             freeze_after_startup()
             yield
 
-    app = FastAPI(title="telegram-intake", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="telegram-intake",
+        version=__version__,
+        lifespan=lifespan,
+        description="Durable webhook intake for Telegram bots: `POST /telegram/{bot}` records "
+        "each update before its 200; workers forward it downstream under a fenced claim; the "
+        "`/v1` API lets the downstream check and settle its claim, and operators follow it.",
+    )
+    app.state.settings = settings
+    app.state.api_keys = Keys(settings.api_keys)
     app.include_router(intake_router)
+    api.install(app)
+    for path, mounted in (mounts or {}).items():
+        app.mount(path, mounted)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

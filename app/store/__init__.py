@@ -10,6 +10,7 @@ from app.store.schema import DEFAULT_TABLE
 from app.store.sqlstore import SqlUpdateStore, open_store
 from app.store.types import (
     Abandoned,
+    BotStats,
     Capability,
     Claimed,
     ClaimIdentity,
@@ -21,11 +22,13 @@ from app.store.types import (
     Ordering,
     Settlement,
     State,
+    StoredUpdate,
 )
 
 __all__ = [
     "DEFAULT_TABLE",
     "Abandoned",
+    "BotStats",
     "Capability",
     "ClaimIdentity",
     "Claimed",
@@ -44,6 +47,7 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "StoreUnavailable",
+    "StoredUpdate",
     "UpdateStore",
     "open_store",
 ]

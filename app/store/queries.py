@@ -338,6 +338,24 @@ def prune(t: Table, *, before: int) -> Delete:
     )
 
 
+def get_update(t: Table, *, bot: str, update_id: int) -> Select[Any]:
+    return select(t).where(_key(t, bot, update_id))
+
+
+def stats(t: Table) -> Select[Any]:
+    """Per bot and state: rows, the oldest receipt, and (revision 0002) open exhaustions."""
+    columns: list[Any] = [
+        t.c.bot,
+        t.c.state,
+        func.count().label("rows"),
+        func.min(t.c.received_at).label("oldest"),
+    ]
+    if "exhausted_at" in t.c:
+        open_exhaustion = case((_unacknowledged(t), 1), else_=0)
+        columns.append(func.sum(open_exhaustion).label("unacknowledged"))
+    return select(*columns).group_by(t.c.bot, t.c.state).order_by(t.c.bot, t.c.state)
+
+
 # -- fenced (revision 0002) --------------------------------------------------------------------
 
 
@@ -445,6 +463,19 @@ def owns(t: Table, *, identity: ClaimIdentity, at: int, lock: bool) -> Select[An
     """The lease of the exact live claim; FOR UPDATE holds the row for the caller's transaction."""
     statement = select(t.c.due_at).where(_owned(t, identity, at))
     return statement.with_for_update() if lock else statement
+
+
+def hold_owned(t: Table, *, identity: ClaimIdentity, at: int) -> Update:
+    """SQLite's `owns` inside a caller's transaction: a no-op write of the exact live row,
+    which takes the one write lock until that transaction ends (a SELECT would take none)."""
+    return update(t).where(_owned(t, identity, at)).values(due_at=t.c.due_at).returning(t.c.due_at)
+
+
+def owns_function(name: str, identity: ClaimIdentity) -> Select[Any]:
+    """PostgreSQL's `owns` inside a caller's transaction: the SQL function of revision 0002
+    (FOR UPDATE, database clock)."""
+    arguments = (identity.bot, identity.update_id, identity.attempt, identity.claim_id)
+    return select(getattr(func, name)(*arguments))
 
 
 def settle_owned(t: Table, *, identity: ClaimIdentity, settlement: Settlement) -> Update:

@@ -7,6 +7,7 @@ the right kind of transaction and maps rows to the types of `app.store.types`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +27,7 @@ from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.schema import DEFAULT_TABLE, make_table
 from app.store.types import (
     Abandoned,
+    BotStats,
     Capability,
     Claimed,
     ClaimIdentity,
@@ -36,9 +38,11 @@ from app.store.types import (
     NewUpdate,
     Ordering,
     Settlement,
+    StoredUpdate,
 )
 
 _LEVELS: dict[Capability, int] = {"base": 0, "fenced": 1, "durable": 2}
+_UNDELIVERED = ("pending", "processing", "failed")
 _BASE_COLUMNS = frozenset(make_table(revision="0001").c.keys())
 
 
@@ -355,6 +359,43 @@ class SqlUpdateStore:
         async with self._write() as connection:
             return (await connection.execute(statement)).rowcount
 
+    # -- operators' views (beyond SPEC section 4; base level) --------------------------------
+
+    async def get_update(self, bot: str, update_id: int) -> StoredUpdate | None:
+        """The row of `(bot, update_id)` as it stands, or None."""
+        statement = queries.get_update(
+            self.table, bot=validate.bot_name(bot), update_id=validate.update_id(update_id)
+        )
+        async with self._read() as connection:
+            row = (await connection.execute(statement)).first()
+        if row is None:
+            return None
+        fields = row._mapping
+        return StoredUpdate(
+            **{name: fields.get(name) for name in StoredUpdate.__dataclass_fields__}
+        )
+
+    async def stats(self) -> list[BotStats]:
+        """Rows by bot and state, in bot order (one scan of the table: an operator's call)."""
+        async with self._read() as connection:
+            rows = (await connection.execute(queries.stats(self.table))).all()
+        durable = "exhausted_at" in self.table.c
+        result: list[BotStats] = []
+        for bot, group in itertools.groupby(rows, key=lambda row: row.bot):
+            states = list(group)
+            undelivered = [row.oldest for row in states if row.state in _UNDELIVERED]
+            result.append(
+                BotStats(
+                    bot=bot,
+                    states={row.state: int(row.rows) for row in states},
+                    oldest_undelivered_at=min(undelivered, default=None),
+                    unacknowledged_exhaustions=(
+                        sum(int(row.unacknowledged or 0) for row in states) if durable else None
+                    ),
+                )
+            )
+        return result
+
     # -- fenced --------------------------------------------------------------------------------
 
     async def claim_owned(
@@ -440,6 +481,13 @@ class SqlUpdateStore:
     async def renew_owned(
         self, identity: ClaimIdentity, lease_until: int, now: int | None = None
     ) -> bool:
+        return await self.renewed_lease(identity, lease_until, now) is not None
+
+    async def renewed_lease(
+        self, identity: ClaimIdentity, lease_until: int, now: int | None = None
+    ) -> int | None:
+        """`renew_owned`, answering with the lease's expiry after it (epoch ms; a renewal
+        never shortens) instead of True."""
         self.require("fenced", "renew_owned")
         statement = queries.renew_owned(
             self.table,
@@ -447,7 +495,9 @@ class SqlUpdateStore:
             lease_until=validate.millis("lease_until", lease_until),
             now=None if now is None else validate.millis("now", now),
         )
-        return await self._changed(statement)
+        async with self._write() as connection:
+            row = (await connection.execute(statement)).first()
+        return None if row is None else int(row.due_at)
 
     async def owns(
         self, identity: ClaimIdentity, at: int, *, connection: AsyncConnection | None = None

@@ -107,6 +107,38 @@ class Exhaustion:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredUpdate:
+    """One row as it stands, for operators (`get_update`). The revision 0002 fields are None
+    on a base table. `due_at` is the lease's end while processing, the retry time while
+    failed, the receipt while pending, the settlement time once terminal."""
+
+    bot: str
+    update_id: int
+    state: State
+    attempts: int
+    update_type: str | None
+    queue_key: str | None
+    received_at: int
+    due_at: int
+    settled_at: int | None
+    error: str | None
+    claim_id: str | None
+    exhausted_at: int | None
+    acknowledged_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BotStats:
+    """One bot's rows by state (`stats`): how many, the oldest undelivered receipt (pending,
+    processing or failed rows), and its open exhaustions (None on a base table)."""
+
+    bot: str
+    states: dict[State, int]
+    oldest_undelivered_at: int | None
+    unacknowledged_exhaustions: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class NewUpdate:
     """One row for `add_many`, the batched form of `add` used by the intake's group commit."""
 

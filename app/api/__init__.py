@@ -1,0 +1,42 @@
+"""The `/v1` API: the callback routes a downstream calls (`claims`) and the operations routes
+(`operations`), both behind bearer keys (`deps`). Errors answer `{"error": "..."}`."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from app.api import claims, operations
+from app.api.deps import Keys, Services
+from app.store import SchemaError, StoreError
+
+__all__ = ["Keys", "Services", "install"]
+
+
+def install(app: FastAPI) -> None:
+    """Add the `/v1` routes and the error answers they share to `app`."""
+    app.include_router(claims.router)
+    app.include_router(operations.router)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, error: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": error.detail}, error.status_code, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = []
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            problems.append(f"{where}: {problem['msg']}")
+        detail = [{key: p[key] for key in ("loc", "msg", "type")} for p in error.errors()]
+        return JSONResponse({"error": "; ".join(problems), "detail": detail}, 422)
+
+    @app.exception_handler(StoreError)
+    async def unavailable(_request: Request, error: StoreError) -> JSONResponse:
+        if isinstance(error, SchemaError):
+            return JSONResponse({"error": str(error)}, 409)
+        return JSONResponse(
+            {"error": f"the database is unavailable: {error}"}, 503, headers={"Retry-After": "1"}
+        )
