@@ -7,6 +7,7 @@ import asyncio
 import base64
 import logging
 import secrets
+import socket
 import sys
 import tomllib
 from collections.abc import Callable, Coroutine, Sequence
@@ -80,7 +81,11 @@ def _configuration_problem(settings: Settings, *, workers: bool, demo: bool) -> 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     mounts: dict[str, ASGIApp] = {}
+    listening: list[socket.socket] | None = None
     if args.demo:
+        # Bound first: the demo downstream's URL names the port, which `--port 0` leaves open.
+        listening = [socket.create_server((args.host, args.port))]
+        args.port = listening[0].getsockname()[1]
         settings, mounts[DEMO_PATH] = _demo(settings, args)
     workers = args.command == "run"
     problem = _configuration_problem(settings, workers=workers, demo=args.demo)
@@ -94,7 +99,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
     app = create_app(settings, workers=workers, mounts=mounts)
     server = uvicorn.Server(server_config(app, host=args.host, port=args.port))
-    server.run()
+    server.run(sockets=listening)
     return 0 if server.started else 1  # uvicorn has logged why it could not start
 
 

@@ -9,12 +9,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
 
 from app.store.migrate import current_revision
 from tests.conftest import Storage, table_rows
+from tests.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,10 +29,13 @@ def _environment(url: str) -> dict[str, str]:
     return {**os.environ, "INTAKE_DATABASE_URL": url}
 
 
+Running = tuple[str, str, str, "subprocess.Popen[str]"]
+
+
 @pytest.fixture
-def running(sqlite_storage: Storage) -> Iterator[tuple[str, str, str]]:
+def running(sqlite_storage: Storage) -> Iterator[Running]:
     """`telegram-intake run --demo` on an ephemeral port over a fresh SQLite file;
-    (base URL, database URL, the demo's secret token)."""
+    (base URL, database URL, the demo's secret token, the process)."""
     url = sqlite_storage.url(revision=None)
     process = subprocess.Popen(
         _command("run", "--demo", "--port", "0"),
@@ -44,17 +49,16 @@ def running(sqlite_storage: Storage) -> Iterator[tuple[str, str, str]]:
     assert process.stdout is not None
     announced = re.search(r"secret token (\S+)", process.stdout.readline())
     assert announced is not None, "the demo did not print its secret"
-    deadline = time.monotonic() + 30
-    base = None
-    while base is None and time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line and process.poll() is not None:
-            break
-        found = re.search(r"running on (http://\S+)", line)
-        base = found.group(1) if found else None
+    curl = re.search(r"(http://\S+)/telegram/default", process.stdout.readline())
+    assert curl is not None, "the demo did not print its curl line"
+    base = curl.group(1)
     try:
-        assert base is not None, f"the service did not start (exit {process.poll()})"
-        yield base, url, announced.group(1)
+        until_line(process.stderr, "Application startup complete")
+    except AssertionError:
+        process.kill()
+        raise
+    try:
+        yield base, url, announced.group(1), process
     finally:
         process.terminate()
         process.wait(timeout=15)
@@ -62,10 +66,22 @@ def running(sqlite_storage: Storage) -> Iterator[tuple[str, str, str]]:
         process.stdout.close()
 
 
-def test_run_demo_migrates_a_fresh_sqlite_file_and_records_updates(
-    running: tuple[str, str, str],
-) -> None:
-    base, url, secret = running
+def until_line(stream: IO[str], pattern: str, within: float = 30) -> str:
+    """Read `stream` until a line matches `pattern`; that line."""
+    deadline = time.monotonic() + within
+    seen = []
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(seen)}")
+
+
+def test_run_demo_migrates_a_fresh_sqlite_file_and_records_updates(running: Running) -> None:
+    base, url, secret, _ = running
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "capability": "durable"}
     assert current_revision(url) == "0002"
@@ -105,7 +121,9 @@ def test_migrate_brings_postgres_to_head(postgres_storage: Storage) -> None:
     assert current_revision(url) == "0002"
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["migrate"]])
+@pytest.mark.parametrize(
+    "command", [[], ["run"], ["serve"], ["worker"], ["migrate"], ["demo-downstream"]]
+)
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run(_command(*command, "--help"), capture_output=True, text=True)
     assert done.returncode == 0
@@ -134,3 +152,82 @@ def test_a_bad_configuration_file_is_one_message_not_a_traceback(
     assert done.returncode == 2
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_run_demo_delivers_to_its_demo_downstream_which_checks_ownership(
+    running: Running,
+) -> None:
+    base, url, secret, process = running
+    update = '{"update_id": 78, "message": {"chat": {"id": 5, "type": "private"}, "text": "hi"}}'
+    headers = {"X-Telegram-Bot-Api-Secret-Token": secret, "Content-Type": "application/json"}
+    assert httpx.post(f"{base}/telegram/default", content=update, headers=headers).is_success
+    assert process.stderr is not None
+    handled = until_line(process.stderr, r"demo downstream: handled")
+    assert re.search(r"handled default:78 attempt 1 \(claim [0-9a-f-]{36}, lease until", handled)
+    assert 'message in chat 5: "hi"' in handled
+    deadline = time.monotonic() + 10
+    while table_rows(url, "state") != [("completed",)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert table_rows(url, "update_id", "state", "attempts") == [(78, "completed", 1)]
+
+
+def test_demo_downstream_serves_a_bot_of_a_separate_service(
+    sqlite_storage: Storage, tmp_path: Path
+) -> None:
+    url = sqlite_storage.url()
+    service_port, demo_port = free_port(), free_port()
+    env = {
+        **_environment(url),
+        "INTAKE_SECRET_TOKEN": "demo-secret",
+        "INTAKE_PORT": str(service_port),
+        "INTAKE_DOWNSTREAM_URL": f"http://127.0.0.1:{demo_port}/",
+        "INTAKE_SIGNING_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "INTAKE_API_KEYS": "demo-downstream.key-0123",
+    }
+    demo_command = _command(
+        "demo-downstream",
+        "--port",
+        str(demo_port),
+        "--intake-url",
+        f"http://127.0.0.1:{service_port}",
+    )
+    with (
+        subprocess.Popen(
+            _command("run"), cwd=tmp_path, env=env, stderr=subprocess.DEVNULL
+        ) as service,
+        subprocess.Popen(
+            demo_command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+        ) as demo,
+    ):
+        try:
+            assert demo.stderr is not None
+            until_line(demo.stderr, r"Uvicorn running on")
+            base = f"http://127.0.0.1:{service_port}"
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    httpx.get(f"{base}/healthz")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            update = '{"update_id": 9, "message": {"chat": {"id": 3, "type": "private"}}}'
+            headers = {"X-Telegram-Bot-Api-Secret-Token": "demo-secret"}
+            assert httpx.post(
+                f"{base}/telegram/default", content=update, headers=headers
+            ).is_success
+            handled = until_line(demo.stderr, r"demo downstream: handled")
+            assert "handled default:9 attempt 1" in handled
+        finally:
+            service.terminate()
+            demo.terminate()
+
+
+def test_demo_downstream_refuses_to_start_without_a_way_to_verify(
+    sqlite_storage: Storage,
+) -> None:
+    env = {**_environment(sqlite_storage.url()), "INTAKE_SECRET_TOKEN": "demo-secret"}
+    done = subprocess.run(
+        _command("demo-downstream"), env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "neither signing_secret nor downstream_secret_token" in done.stderr

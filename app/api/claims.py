@@ -23,14 +23,26 @@ from app.store import Abandoned, ClaimIdentity, Completed, Failed
 router = APIRouter(prefix="/v1", tags=["callback"])
 
 
+def _storable(**fields: str | None) -> None:
+    """422 for text that PostgreSQL cannot hold: a NUL would fail in the driver, and be
+    answered as the database being unavailable."""
+    for name, value in fields.items():
+        if value is not None and "\x00" in value:
+            raise HTTPException(422, f"body.{name}: must not contain a NUL character")
+
+
+def _identity(identity: Identity) -> ClaimIdentity:
+    _storable(claim_id=identity.claim_id)
+    return ClaimIdentity(identity.bot, identity.update_id, identity.attempt, identity.claim_id)
+
+
 def _fenced(grant: Grant, identity: Identity) -> tuple[BotSettings, ClaimIdentity]:
     bot = grant.bot(identity.bot)
     if bot.mode == "plain":
         raise HTTPException(
             409, f"bot {bot.name!r} is in plain mode: its attempts carry no identity"
         )
-    claim = ClaimIdentity(identity.bot, identity.update_id, identity.attempt, identity.claim_id)
-    return bot, claim
+    return bot, _identity(identity)
 
 
 @router.post("/claims/owns")
@@ -62,6 +74,7 @@ async def settle(request: SettleRequest, grant: Callback) -> Settled:
     backoff); `exhausted` (an exhaustion kept until acknowledged on a durable bot, abandoned
     on a fenced one). Only the exact live identity settles."""
     bot, claim = _fenced(grant, request)
+    _storable(error=request.error)
     services = grant.services
     store = services.store
     now = services.now()
@@ -89,7 +102,7 @@ async def settle(request: SettleRequest, grant: Callback) -> Settled:
 async def acknowledge(identity: Identity, grant: CallbackOrOperations) -> Acknowledged:
     """Acknowledge the exhaustion with exactly this identity: it becomes prunable."""
     grant.allow(identity.bot)  # a bot no longer configured may still have exhaustions
-    claim = ClaimIdentity(identity.bot, identity.update_id, identity.attempt, identity.claim_id)
+    claim = _identity(identity)
     services = grant.services
     acknowledged = await services.store.acknowledge_exhaustion(claim, services.now())
     return Acknowledged(acknowledged=acknowledged)

@@ -78,19 +78,25 @@ class Grant:
         return None if self.key.bots is None else list(self.key.bots)
 
 
+def authenticated(request: Request, credentials: HTTPAuthorizationCredentials | None) -> ApiKey:
+    """The request's valid key: 401 without one."""
+    keys: Keys = request.app.state.api_keys
+    key = None if credentials is None else keys.find(credentials.credentials)
+    if key is None:
+        problem = (
+            "no API keys are configured (INTAKE_API_KEYS)"
+            if not request.app.state.settings.api_keys
+            else "a valid API key is required: Authorization: Bearer <key>"
+        )
+        raise HTTPException(401, problem, headers={"WWW-Authenticate": "Bearer"})
+    return key
+
+
 def granted(*scopes: Scope) -> Callable[[Request, Credentials], Grant]:
     """A dependency: the request's key, valid and holding one of `scopes`."""
 
     def check(request: Request, credentials: Credentials) -> Grant:
-        keys: Keys = request.app.state.api_keys
-        key = None if credentials is None else keys.find(credentials.credentials)
-        if key is None:
-            problem = (
-                "no API keys are configured (INTAKE_API_KEYS)"
-                if not request.app.state.settings.api_keys
-                else "a valid API key is required: Authorization: Bearer <key>"
-            )
-            raise HTTPException(401, problem, headers={"WWW-Authenticate": "Bearer"})
+        key = authenticated(request, credentials)
         if not set(scopes) & set(key.scopes):
             raise HTTPException(403, f"this API key lacks the {' or '.join(scopes)} scope")
         return Grant(key, request.app.state.services)

@@ -5,9 +5,10 @@ Verification is the downstream secret (`X-Telegram-Bot-Api-Secret-Token`, what a
 Telegram bot framework checks), or a Standard Webhooks signature over `webhook-id`,
 `webhook-timestamp` and the body, within a timestamp tolerance, or both. The signature covers
 the body and `webhook-id` = `bot:update_id`; the kit checks that both agree with the identity
-headers, so a signed request cannot be replayed for another update. The signing is the
-Standard Webhooks scheme, written here on `hmac` so the kit needs no more than pydantic;
-tests check it against the `standardwebhooks` package.
+headers (or, for a plain bot, that `webhook-id` names the body's update), so a signed request
+cannot be replayed for another update, nor another signed message (an exhaustion record) pass
+for an update. The signing is the Standard Webhooks scheme, written here on `hmac` so the
+kit needs no more than pydantic; tests check it against the `standardwebhooks` package.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.kit.wire import Identity
+from app.kit.wire import BOT_PATTERN, Identity
 
 DEFAULT_TOLERANCE_SECONDS = 300.0
 _IDENTITY_HEADERS = {
@@ -101,11 +103,10 @@ def read_forwarded(
     identity = _identity(lower)
     if identity is not None and identity.update_id != update["update_id"]:
         raise Rejected("X-Intake-Update-Id does not match the body's update_id")
-    message_id = lower.get("webhook-id")
-    if signing_secret is not None and identity is not None and message_id != identity.key():
-        raise Rejected("webhook-id does not match the identity headers")
+    if signing_secret is not None:
+        _check_message_id(lower["webhook-id"], identity, update["update_id"])
     lease = lower.get("x-intake-lease-expires-at")
-    if lease is not None and not lease.isdigit():
+    if lease is not None and not _is_digits(lease):
         raise Rejected("X-Intake-Lease-Expires-At is not epoch milliseconds")
     return Forwarded(identity, None if lease is None else int(lease), update, body)
 
@@ -116,7 +117,7 @@ def _verify_signature(
     message_id = headers.get("webhook-id")
     stamp = headers.get("webhook-timestamp", "")
     signatures = headers.get("webhook-signature")
-    if not message_id or not signatures or not stamp.isdigit():
+    if not message_id or not signatures or not _is_digits(stamp):
         raise Rejected("missing webhook-id, webhook-timestamp or webhook-signature")
     timestamp = int(stamp)
     if abs((time.time() if now is None else now) - timestamp) > tolerance:
@@ -148,5 +149,24 @@ def _identity(headers: dict[str, str]) -> Identity | None:
         raise Rejected(f"identity headers invalid: {error.errors()[0]['msg']}") from None
 
 
+def _check_message_id(message_id: str, identity: Identity | None, update_id: int) -> None:
+    """The signed `webhook-id` is `bot:update_id` of this very update. Without identity
+    headers (a plain bot) the bot is unknown, but the form still tells an update from the
+    other messages signed with the same secret (`exhaustion:...` records)."""
+    if identity is not None:
+        if message_id != identity.key():
+            raise Rejected("webhook-id does not match the identity headers")
+        return
+    bot, _, number = message_id.rpartition(":")
+    if re.fullmatch(BOT_PATTERN, bot) is None or number != str(update_id):
+        raise Rejected("webhook-id is not bot:update_id of this update")
+
+
+def _is_digits(value: str) -> bool:
+    # str.isdigit alone also admits characters int() refuses, such as the Latin-1 "¹²³"
+    # that an HTTP server's header decoding can produce.
+    return value.isascii() and value.isdigit()
+
+
 def _integer(value: str | None) -> int | str | None:
-    return int(value) if value is not None and value.isdigit() else value
+    return int(value) if value is not None and _is_digits(value) else value

@@ -6,8 +6,10 @@ caller's own connection, so no reclaim can pass between the check and the commit
 - PostgreSQL: `telegram_intake_owns(bot, update_id, attempt, claim_id)` (revision 0002) locks
   the row `FOR UPDATE` and compares against the database clock. A rival's `claim_owned`
   waits for the caller's commit; `claim_next_owned` skips the row until then.
-- SQLite: one writer at a time. The check is a no-op write of the exact live row, so the
-  caller's transaction holds the write lock from the check to its commit; a reclaim waits.
+- SQLite: one writer at a time. The check is a no-op write of the identity's leased row, so
+  the caller's transaction holds the write lock from the check to its commit; a reclaim
+  waits. The lease is compared with the clock read once the statement has the lock: time
+  spent waiting for it counts against the lease, as in the PostgreSQL function.
 
     async with engine.begin() as connection:
         if not await owns_in_transaction(connection, identity):
@@ -39,16 +41,17 @@ def _statement(dialect: str, identity: ClaimIdentity, table: str) -> Select[Any]
     if dialect == "postgresql":
         return queries.owns_function(owns_function_name(table), identity)
     if dialect == "sqlite":
-        # The database file is on this host: its clock is ours.
-        now = time.time_ns() // 1_000_000
-        return queries.hold_owned(make_table(table), identity=identity, at=now)
+        return queries.hold_owned(make_table(table), identity=identity)
     raise ValueError(f"fencing needs PostgreSQL or SQLite, not {dialect}")
 
 
 def _owned(row: Any, dialect: str) -> bool:
     if dialect == "postgresql":
         return row is not None and row[0] is True
-    return row is not None
+    # SQLite: the clock is read after the statement took the write lock, not before it may
+    # have waited for it. The database file is on this host: its clock is ours. A lease is
+    # live at exactly due_at.
+    return row is not None and row[0] >= time.time_ns() // 1_000_000
 
 
 async def owns_in_transaction(

@@ -465,10 +465,13 @@ def owns(t: Table, *, identity: ClaimIdentity, at: int, lock: bool) -> Select[An
     return statement.with_for_update() if lock else statement
 
 
-def hold_owned(t: Table, *, identity: ClaimIdentity, at: int) -> Update:
-    """SQLite's `owns` inside a caller's transaction: a no-op write of the exact live row,
-    which takes the one write lock until that transaction ends (a SELECT would take none)."""
-    return update(t).where(_owned(t, identity, at)).values(due_at=t.c.due_at).returning(t.c.due_at)
+def hold_owned(t: Table, *, identity: ClaimIdentity) -> Update:
+    """SQLite's `owns` inside a caller's transaction: a no-op write of the identity's leased
+    row, which takes the one write lock until that transaction ends (a SELECT would take none).
+    It returns the lease; the caller compares it with the clock read after the statement, so
+    time spent waiting for the lock counts against the lease (as in the PostgreSQL function)."""
+    leased = and_(_identity(t, identity), _in_state(t.c.state, "processing"))
+    return update(t).where(leased).values(due_at=t.c.due_at).returning(t.c.due_at)
 
 
 def owns_function(name: str, identity: ClaimIdentity) -> Select[Any]:
