@@ -7,7 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from bench import client, dispatch, intake, plans, store
+from bench import api, client, dispatch, intake, plans, store
 
 BENCHMARKS = {
     "store": store.main,
@@ -15,6 +15,7 @@ BENCHMARKS = {
     "intake": intake.main,
     "client": client.main,
     "dispatch": dispatch.main,
+    "api": api.main,
 }
 
 

@@ -242,3 +242,54 @@ def test_a_bots_mode_names_the_table_capability_it_needs() -> None:
         for m in ("plain", "fenced", "durable")
     }  # type: ignore[arg-type]
     assert modes == {"plain": "base", "fenced": "fenced", "durable": "durable"}
+
+
+def test_api_keys_from_the_environment_have_full_access(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTAKE_API_KEYS", " first-key.0123456789 , second-key.0123456789,")
+    keys = Settings().api_keys
+    assert [key.key.get_secret_value() for key in keys] == [
+        "first-key.0123456789",
+        "second-key.0123456789",
+    ]
+    assert all(key.bots is None and key.scopes == ("callback", "operations") for key in keys)
+    assert "first-key" not in repr(Settings())
+
+
+def test_api_keys_in_the_file_may_be_limited_to_bots_and_scopes(tmp_path: Path) -> None:
+    (tmp_path / "intake.toml").write_text(
+        TOML
+        + '[[api_keys]]\nkey = "shop-callback.0123456789"\nbots = ["shop"]\n'
+        + 'scopes = ["callback"]\n'
+        + '[[api_keys]]\nkey = "operator-key.0123456789"\nscopes = ["operations"]\n'
+    )
+    shop, operator = Settings().api_keys
+    assert (shop.bots, shop.scopes) == (("shop",), ("callback",))
+    assert shop.allows("shop")
+    assert not shop.allows("news")
+    assert (operator.bots, operator.scopes) == (None, ("operations",))
+    assert operator.allows("news")
+
+
+@pytest.mark.parametrize(
+    ("keys", "field"),
+    [
+        ('[[api_keys]]\nkey = "short"\n', "api_keys.0.key"),
+        ('[[api_keys]]\nkey = "has space in it 0123456789"\n', "api_keys.0.key"),
+        ('[[api_keys]]\nkey = "unknown-bot.0123456789"\nbots = ["ghost"]\n', "not configured"),
+        ('[[api_keys]]\nkey = "bad-scope.0123456789"\nscopes = ["admin"]\n', "scopes"),
+        (
+            '[[api_keys]]\nkey = "twice-over.0123456789"\n'
+            '[[api_keys]]\nkey = "twice-over.0123456789"\n',
+            "a key appears more than once",
+        ),
+    ],
+)
+def test_invalid_api_keys_name_the_problem_and_never_the_key(
+    tmp_path: Path, keys: str, field: str
+) -> None:
+    (tmp_path / "intake.toml").write_text(TOML + keys)
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    message = describe(raised.value)
+    assert field in message
+    assert "0123456789" not in message + str(raised.value)

@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 
 from app.api import claims, operations
 from app.api.deps import Keys, Services, authenticated, bearer
-from app.store import SchemaError, StoreError
+from app.store import SchemaError, StoreBusy, StoreError, StoreUnavailable
 
 __all__ = ["Keys", "Services", "install"]
 
@@ -41,9 +41,13 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"error": "; ".join(problems), "detail": detail}, 422)
 
     @app.exception_handler(StoreError)
-    async def unavailable(_request: Request, error: StoreError) -> JSONResponse:
+    async def store_error(_request: Request, error: StoreError) -> JSONResponse:
         if isinstance(error, SchemaError):
             return JSONResponse({"error": str(error)}, 409)
-        return JSONResponse(
-            {"error": f"the database is unavailable: {error}"}, 503, headers={"Retry-After": "1"}
-        )
+        if isinstance(error, StoreUnavailable | StoreBusy):
+            return JSONResponse(
+                {"error": f"the database is unavailable: {error}"},
+                503,
+                headers={"Retry-After": "1"},
+            )
+        return JSONResponse({"error": f"the database refused the request: {error}"}, 500)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from app.api.deps import Callback, CallbackOrOperations, Grant
+from app.api.deps import REFUSALS, Callback, CallbackOrOperations, Grant
 from app.config import BotSettings
 from app.dispatch.policy import Outcome, retry_delay_ms
 from app.kit.wire import (
     Acknowledged,
     Identity,
     Owned,
+    Problem,
     Renewed,
     RenewRequest,
     Settled,
@@ -20,19 +21,18 @@ from app.kit.wire import (
 )
 from app.store import Abandoned, ClaimIdentity, Completed, Failed
 
-router = APIRouter(prefix="/v1", tags=["callback"])
-
-
-def _storable(**fields: str | None) -> None:
-    """422 for text that PostgreSQL cannot hold: a NUL would fail in the driver, and be
-    answered as the database being unavailable."""
-    for name, value in fields.items():
-        if value is not None and "\x00" in value:
-            raise HTTPException(422, f"body.{name}: must not contain a NUL character")
+router = APIRouter(
+    prefix="/v1",
+    tags=["callback"],
+    responses={
+        **REFUSALS,
+        404: {"model": Problem, "description": "the bot is not configured"},
+        409: {"model": Problem, "description": "a plain bot, or a table below revision 0002"},
+    },
+)
 
 
 def _identity(identity: Identity) -> ClaimIdentity:
-    _storable(claim_id=identity.claim_id)
     return ClaimIdentity(identity.bot, identity.update_id, identity.attempt, identity.claim_id)
 
 
@@ -74,7 +74,6 @@ async def settle(request: SettleRequest, grant: Callback) -> Settled:
     backoff); `exhausted` (an exhaustion kept until acknowledged on a durable bot, abandoned
     on a fenced one). Only the exact live identity settles."""
     bot, claim = _fenced(grant, request)
-    _storable(error=request.error)
     services = grant.services
     store = services.store
     now = services.now()

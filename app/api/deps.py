@@ -11,12 +11,13 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.config import ApiKey, BotSettings, Scope, Settings
+from app.kit.wire import Problem
 from app.store import SqlUpdateStore
 
 bearer = HTTPBearer(
@@ -92,10 +93,11 @@ def authenticated(request: Request, credentials: HTTPAuthorizationCredentials | 
     return key
 
 
-def granted(*scopes: Scope) -> Callable[[Request, Credentials], Grant]:
+def granted(*scopes: Scope) -> Callable[[Request, Credentials], Awaitable[Grant]]:
     """A dependency: the request's key, valid and holding one of `scopes`."""
 
-    def check(request: Request, credentials: Credentials) -> Grant:
+    # async: FastAPI would run a plain function in its thread pool, a thread hop per request.
+    async def check(request: Request, credentials: Credentials) -> Grant:
         key = authenticated(request, credentials)
         if not set(scopes) & set(key.scopes):
             raise HTTPException(403, f"this API key lacks the {' or '.join(scopes)} scope")
@@ -103,6 +105,13 @@ def granted(*scopes: Scope) -> Callable[[Request, Credentials], Grant]:
 
     return check
 
+
+# The refusals every /v1 route may answer, for the OpenAPI document.
+REFUSALS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "no valid API key"},
+    403: {"model": Problem, "description": "the key may not act for this bot or scope"},
+    503: {"model": Problem, "description": "the database is unavailable; retry"},
+}
 
 Callback = Annotated[Grant, Depends(granted("callback"))]
 Operations = Annotated[Grant, Depends(granted("operations"))]

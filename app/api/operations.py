@@ -7,18 +7,26 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
-from app.api.deps import Operations
+from app.api.deps import REFUSALS, Operations
 from app.kit.wire import (
     BOT_PATTERN,
     MAX_BIGINT,
     BotCounts,
     ExhaustionItem,
     ExhaustionPage,
+    Problem,
     Stats,
     UpdateView,
 )
 
-router = APIRouter(prefix="/v1", tags=["operations"])
+router = APIRouter(
+    prefix="/v1",
+    tags=["operations"],
+    responses={
+        **REFUSALS,
+        404: {"model": Problem, "description": "no such update"},
+    },
+)
 CURSOR_PATTERN = BOT_PATTERN.removesuffix("$") + r":[0-9]{1,19}$"
 
 

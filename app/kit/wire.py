@@ -16,6 +16,7 @@ BOT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 MAX_BIGINT = 2**63 - 1
 MAX_INTEGER = 2**31 - 1
 MAX_ERROR_LENGTH = 2_000
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold a NUL character
 
 BotName = Annotated[str, Field(pattern=BOT_PATTERN, examples=["default"])]
 UpdateId = Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT, examples=[123456789])]
@@ -24,6 +25,12 @@ EpochMillis = Annotated[StrictInt, Field(description="epoch milliseconds")]
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Problem(Message):
+    """What every refusal answers."""
+
+    error: str
 
 
 class Identity(Message):
@@ -37,6 +44,7 @@ class Identity(Message):
         Field(
             min_length=1,
             max_length=64,
+            pattern=NO_NUL,
             examples=["0f9c3e9e-8a53-4c39-9d5e-2d6f3c1b7a10"],
             description="opaque; compared exactly",
         ),
@@ -70,7 +78,9 @@ Outcome = Literal["completed", "failed", "exhausted"]
 
 class SettleRequest(Identity):
     outcome: Outcome
-    error: Annotated[str, Field(min_length=1, max_length=MAX_ERROR_LENGTH)] | None = None
+    error: (
+        Annotated[str, Field(min_length=1, max_length=MAX_ERROR_LENGTH, pattern=NO_NUL)] | None
+    ) = None
     retry_after_ms: Annotated[StrictInt, Field(ge=0, le=7 * 86_400_000)] | None = Field(
         None, description="failed only: when to retry (capped by the bot's retry_after_cap)"
     )

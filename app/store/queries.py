@@ -101,7 +101,7 @@ def _lease(t: Table) -> ColumnElement[int]:
     return t.c.due_at + 0
 
 
-def _key(t: Table, bot: str, update_id: int) -> ColumnElement[bool]:
+def _key(t: Table, bot: str | BindParameter[str], update_id: Number) -> ColumnElement[bool]:
     return and_(t.c.bot == bot, t.c.update_id == update_id)
 
 
@@ -128,11 +128,13 @@ def _holds_lease(t: Table, bot: str, update_id: int, attempt: int, at: int) -> C
 
 def _identity(t: Table, identity: ClaimIdentity) -> ColumnElement[bool]:
     """All four fields of the identity: neither a later attempt nor a recycled key matches."""
-    return and_(
-        _key(t, identity.bot, identity.update_id),
-        t.c.attempts == identity.attempt,
-        t.c.claim_id == identity.claim_id,
-    )
+    return _matches(t, identity.bot, identity.update_id, identity.attempt, identity.claim_id)
+
+
+def _matches(
+    t: Table, bot: Any, update_id: Any, attempt: Any, claim_id: Any
+) -> ColumnElement[bool]:
+    return and_(_key(t, bot, update_id), t.c.attempts == attempt, t.c.claim_id == claim_id)
 
 
 def _owned(t: Table, identity: ClaimIdentity, at: int) -> ColumnElement[bool]:
@@ -459,9 +461,22 @@ def renew_owned(t: Table, *, identity: ClaimIdentity, lease_until: int, now: int
     return _renew(t, and_(_identity(t, identity), live), lease_until)
 
 
-def owns(t: Table, *, identity: ClaimIdentity, at: int, lock: bool) -> Select[Any]:
-    """The lease of the exact live claim; FOR UPDATE holds the row for the caller's transaction."""
-    statement = select(t.c.due_at).where(_owned(t, identity, at))
+def owns(t: Table, *, identity: ClaimIdentity | None, at: Number, lock: bool) -> Select[Any]:
+    """The lease of the exact live claim; FOR UPDATE holds the row for the caller's transaction.
+    With `identity` None the statement takes it as parameters `bot`, `update_id`, `attempt`
+    and `claim_id`, to be compiled once (the callback API asks this on every update)."""
+    matches = (
+        _matches(
+            t,
+            bindparam("bot", type_=Text),
+            bindparam("update_id", type_=BigInteger),
+            bindparam("attempt", type_=Integer),
+            bindparam("claim_id", type_=Text),
+        )
+        if identity is None
+        else _identity(t, identity)
+    )
+    statement = select(t.c.due_at).where(matches, _live(t, at))
     return statement.with_for_update() if lock else statement
 
 

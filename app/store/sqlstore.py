@@ -7,6 +7,7 @@ the right kind of transaction and maps rows to the types of `app.store.types`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import re
 import time
@@ -117,7 +118,7 @@ class SqlUpdateStore:
         self._compile_batches()
 
     def _compile_batches(self) -> None:
-        """PostgreSQL: the two batch statements, compiled once."""
+        """PostgreSQL: the statements run most often (the two batches, owns), compiled once."""
         self._batches: dict[str, tuple[str, dict[str, Any]]] = {}
         self._claims: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
         if self._sqlite:
@@ -127,6 +128,9 @@ class SqlUpdateStore:
         }
         if "claim_id" in self.table.c:
             statements["settle_many_owned"] = queries.settle_many_owned(self.table)
+            statements["owns"] = queries.owns(
+                self.table, identity=None, at=bindparam("at", type_=BigInteger), lock=False
+            )
         for name, statement in statements.items():
             self._batches[name] = self._driver_sql(statement)
 
@@ -517,9 +521,13 @@ class SqlUpdateStore:
                 row = (await connection.execute(statement)).first()
         else:
             # A bare answer: locking would release at once, and only wait behind other holders.
-            statement = queries.owns(self.table, identity=identity, at=at, lock=False)
             async with self._read() as own:
-                row = (await own.execute(statement)).first()
+                if self._sqlite:
+                    statement = queries.owns(self.table, identity=identity, at=at, lock=False)
+                    row = (await own.execute(statement)).first()
+                else:
+                    values = {**dataclasses.asdict(identity), "at": at}
+                    row = (await self._execute(own, self._batches["owns"], values)).first()
         return None if row is None else int(row.due_at)
 
     async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:

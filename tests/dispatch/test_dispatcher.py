@@ -9,9 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 from standardwebhooks import Webhook
+from starlette.requests import Request
+from starlette.responses import Response
 
+from app.config import ApiKey
 from app.dispatch.dispatcher import HANDED_BACK
+from app.kit import IntakeClient
+from app.kit.wire import Identity
+from app.main import create_app
 from app.store import (
     Claimed,
     ClaimIdentity,
@@ -20,7 +27,7 @@ from app.store import (
     StoreUnavailable,
     open_store,
 )
-from tests.conftest import Storage, table_rows
+from tests.conftest import Storage, serve_asgi, table_rows
 from tests.dispatch.conftest import (
     DOWNSTREAM_SECRET,
     SIGNING_SECRET,
@@ -169,24 +176,47 @@ async def test_a_failing_exhaustion_does_not_starve_the_ones_after_it(
         )
 
 
-async def test_a_202_defers_the_settle_to_the_downstream(
+async def test_a_202_defers_the_settle_to_the_downstream_which_settles_through_the_api(
     storage: Storage, downstream: FakeDownstream
 ) -> None:
-    downstream.answer = status(202)
+    async def answer(received: Received, request: Request) -> Response:
+        return await (status(202) if received.update_id == 5 else ok)(received, request)
+
+    downstream.answer = answer
     url = storage.url()
-    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
-        await store.add("shop", 5, message(5), now_ms())
+    key = "deferring-downstream.key"
+    settings = settings_for(url, bot(downstream), api_keys=(ApiKey(key=SecretStr(key)),))
+    async with (
+        serve_asgi(create_app(settings, workers=True)) as service,
+        IntakeClient(service, key) as intake,
+    ):
+        store = await open_store(url)
+        try:
+            # Two updates of one chat: the second waits for the first's settle.
+            await store.add("shop", 5, message(5), now_ms(), queue_key="42")
+            await store.add("shop", 6, message(6), now_ms(), queue_key="42")
+        finally:
+            await store.close()
         await eventually(lambda: downstream.received)
         (seen,) = downstream.received
-        identity = ClaimIdentity(
-            "shop", 5, int(seen.headers["x-intake-attempt"]), seen.headers["x-intake-claim-id"]
+        identity = Identity(
+            bot="shop",
+            update_id=5,
+            attempt=int(seen.headers["x-intake-attempt"]),
+            claim_id=seen.headers["x-intake-claim-id"],
         )
         await asyncio.sleep(0.3)  # the dispatcher has had its chance to settle, and must not have
-        assert (await until(url, lambda r: True))[0][1] == "processing"
-        # The downstream settles, as it would through the callback API.
-        assert await store.settle_owned(identity, Completed(now_ms()))
-    assert rows(url)[0][1] == "completed"
-    assert len(downstream.received) == 1
+        assert rows(url)[0][1] == "processing"
+        assert [r.update_id for r in downstream.received] == [5]
+        renewed = await intake.renew(identity, lease_ms=30_000)
+        assert renewed.renewed
+        assert renewed.lease_expires_at is not None
+        assert renewed.lease_expires_at >= now_ms() + 29_000
+        assert (await intake.settle(identity, "completed")).settled
+        # The chat's next update goes out once the first is settled.
+        await eventually(lambda: len(downstream.received) == 2)
+        await until(url, lambda r: [state for _, state, *_ in r] == ["completed", "completed"])
+        assert not (await intake.settle(identity, "completed")).settled  # once only
 
 
 async def test_an_expired_callback_query_is_exhausted_without_delivery(
