@@ -101,13 +101,19 @@ class SqlUpdateStore:
         self._capability: Capability = capability
         self._dialect = engine.dialect.name
         self._sqlite = self._dialect == "sqlite"
-        # SQLite has one writer at a time; queueing ours here beats spinning in busy_timeout.
-        self._write_lock: AbstractAsyncContextManager[Any] = (
-            asyncio.Lock() if self._sqlite else nullcontext()
-        )
-        # An in-memory database is one shared connection: a read must not overlap a write on it.
-        shared = isinstance(engine.pool, StaticPool)
-        self._read_lock = self._write_lock if shared else nullcontext()
+        self._write_lock: AbstractAsyncContextManager[Any]
+        self._read_lock: AbstractAsyncContextManager[Any]
+        if self._sqlite:
+            # One writer at a time; queueing ours here beats spinning in busy_timeout.
+            self._write_lock = asyncio.Lock()
+            # An in-memory database is one shared connection: a read must not overlap a write.
+            shared = isinstance(engine.pool, StaticPool)
+            self._read_lock = self._write_lock if shared else nullcontext()
+        else:
+            # Callers queue for the pool's connections in arrival order. The pool's own queue
+            # lets a newcomer take a connection that was handed to a waiter, and under load
+            # some requests then wait seconds while most wait milliseconds.
+            self._write_lock = self._read_lock = asyncio.Semaphore(engine.pool.size())  # type: ignore[attr-defined]
         # PostgreSQL: one statement is its own transaction; no BEGIN/COMMIT round trips.
         if self._sqlite:
             self._single = engine
