@@ -88,6 +88,9 @@ class BotOptions(BaseModel):
     # Update type -> seconds from receipt; merged over DEFAULT_DEADLINES, 0 turns one off.
     deadlines: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_DEADLINES))
     breaker_failures: int = Field(5, ge=0, le=10_000)  # consecutive failures; 0: no breaker
+    # What `set-webhook` registers with Telegram (None: Telegram's own default).
+    allowed_updates: tuple[str, ...] | None = None
+    max_connections: int | None = Field(None, ge=1, le=100)
     breaker_cooldown_seconds: float = Field(30, gt=0, le=86_400)
 
     @field_validator("downstream_secret_token")
@@ -197,6 +200,7 @@ class Settings(BaseSettings, BotOptions):
     table: str = DEFAULT_TABLE
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    bot_api_url: AnyHttpUrl = AnyHttpUrl("https://api.telegram.org")  # or a local Bot API server
 
     bots: tuple[BotSettings, ...] = ()
     # With no [[bots]], a secret token makes the `default` bot of this and BotOptions.

@@ -18,7 +18,7 @@ from app.store.migrate import current_revision
 from tests.conftest import Storage, table_rows
 from tests.processes import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _command(*args: str) -> list[str]:

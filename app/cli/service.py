@@ -1,28 +1,28 @@
-"""The `telegram-intake` command line."""
+"""Commands that run the service: run, serve, worker, migrate, demo-downstream."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import base64
-import logging
 import secrets
 import socket
 import sys
-import tomllib
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeAlias
 
 import uvicorn
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 from starlette.types import ASGIApp
 
-from app.config import ApiKey, BotSettings, Settings, describe
+from app.config import ApiKey, BotSettings, Settings
 from app.demo import demo_downstream
 from app.store import StoreError, migrate
 from app.store.engine import normalise_url
 
 Handler = Callable[[Settings, argparse.Namespace], int]
+# argparse's subparsers object (its class is not subscriptable at run time).
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
@@ -162,11 +162,8 @@ def _demo_downstream(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if server.started else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="telegram-intake", description="Durable webhook intake for Telegram bots."
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def add_commands(commands: Commands) -> None:
+    """run, serve, worker, migrate, demo-downstream."""
     for name, summary in (
         ("run", "serve the intake and run the workers in one process (SQLite is migrated)"),
         ("serve", "serve the intake and API only (workers run elsewhere: `worker`)"),
@@ -215,29 +212,3 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo_command.add_argument("--bot", default="default", help="whose updates it takes")
     demo_command.set_defaults(handler=_demo_downstream)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # --help needs no valid configuration
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise
-    try:
-        settings = Settings()
-    except ValidationError as error:
-        print(describe(error), file=sys.stderr)
-        return 2
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        print(f"invalid configuration: {error}", file=sys.stderr)
-        return 2
-    if args.command in ("run", "serve"):
-        args.host = args.host or settings.host
-        args.port = settings.port if args.port is None else args.port
-    handler: Handler = args.handler
-    return handler(settings, args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
