@@ -34,6 +34,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from app.logs import LogFormat
 from app.store import validate
 from app.store.engine import normalise_url
 from app.store.schema import DEFAULT_TABLE
@@ -201,6 +202,8 @@ class Settings(BaseSettings, BotOptions):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     bot_api_url: AnyHttpUrl = AnyHttpUrl("https://api.telegram.org")  # or a local Bot API server
+    log_format: LogFormat = "auto"  # auto: text on a terminal, JSON otherwise
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     bots: tuple[BotSettings, ...] = ()
     # With no [[bots]], a secret token makes the `default` bot of this and BotOptions.

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from app.kit import CallbackError, IntakeClient, Rejected, read_forwarded
+from app.logs import AttemptLog
 
 log = logging.getLogger("app.demo")
 
@@ -66,13 +67,8 @@ def demo_downstream(
         if not owned.owned:
             log.info("demo downstream: %s is no longer ours; nothing done", identity.key())
             return JSONResponse({"error": "not the owner"}, 409)
-        log.info(
-            "demo downstream: handled %s attempt %s (claim %s, lease until %s): %s",
-            identity.key(),
-            identity.attempt,
-            identity.claim_id,
-            owned.lease_expires_at,
-            what,
+        AttemptLog(log, identity.model_dump()).info(
+            "demo downstream: handled, lease until %s: %s", owned.lease_expires_at, what
         )
         return JSONResponse({})
 

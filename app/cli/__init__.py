@@ -11,13 +11,13 @@ Every handler takes the validated settings and the parsed arguments and returns 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import tomllib
 from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from app import logs
 from app.cli import operations, service, telegram
 from app.cli.service import Handler, run_loop
 from app.config import Settings, describe
@@ -40,10 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # --help needs no valid configuration
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise
     try:
         settings = Settings()
     except ValidationError as error:
@@ -52,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, tomllib.TOMLDecodeError) as error:
         print(f"invalid configuration: {error}", file=sys.stderr)
         return 2
+    logs.configure(settings.log_format, settings.log_level.upper())
     if args.command in ("run", "serve"):
         args.host = args.host or settings.host
         args.port = settings.port if args.port is None else args.port

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -162,9 +163,13 @@ def test_run_demo_delivers_to_its_demo_downstream_which_checks_ownership(
     headers = {"X-Telegram-Bot-Api-Secret-Token": secret, "Content-Type": "application/json"}
     assert httpx.post(f"{base}/telegram/default", content=update, headers=headers).is_success
     assert process.stderr is not None
-    handled = until_line(process.stderr, r"demo downstream: handled")
-    assert re.search(r"handled default:78 attempt 1 \(claim [0-9a-f-]{36}, lease until", handled)
-    assert 'message in chat 5: "hi"' in handled
+    # Standard error is not a terminal: one JSON object per line, the identity as fields.
+    line = json.loads(until_line(process.stderr, r"demo downstream: handled"))
+    assert (line["level"], line["logger"]) == ("INFO", "app.demo")
+    assert (line["bot"], line["update_id"], line["attempt"]) == ("default", 78, 1)
+    assert re.fullmatch(r"[0-9a-f-]{36}", line["claim_id"])
+    assert line["message"].startswith(f"default:78 attempt 1 (claim {line['claim_id']}): demo")
+    assert line["message"].endswith('message in chat 5: "hi"')
     deadline = time.monotonic() + 10
     while table_rows(url, "state") != [("completed",)] and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -216,7 +221,7 @@ def test_demo_downstream_serves_a_bot_of_a_separate_service(
                 f"{base}/telegram/default", content=update, headers=headers
             ).is_success
             handled = until_line(demo.stderr, r"demo downstream: handled")
-            assert "handled default:9 attempt 1" in handled
+            assert "default:9 attempt 1 (claim " in handled
         finally:
             service.terminate()
             demo.terminate()
