@@ -60,7 +60,10 @@ def assert_clean(*workers: Process) -> None:
     for worker in workers:
         log = worker.stderr
         assert "Traceback" not in log, worker.report()
+        # Text or JSON lines (a child's standard error is not a terminal: JSON by default).
         assert " ERROR " not in log, worker.report()
+        assert '"level": "ERROR"' not in log, worker.report()
+        assert '"level": "INFO"' in log, "the worker logged no JSON lines: the check is blind"
 
 
 async def test_two_worker_processes_deliver_every_update_once_in_chat_order(
