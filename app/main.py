@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
@@ -17,6 +17,7 @@ from starlette.types import ASGIApp
 
 from app import __version__, api
 from app.api import Keys, Services
+from app.api.deps import REFUSALS, Operations
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.dispatch.clock import DatabaseClock
@@ -24,6 +25,7 @@ from app.heap import freeze_after_startup
 from app.intake.committer import GroupCommitter
 from app.intake.route import Intake
 from app.intake.route import router as intake_router
+from app.metrics import CONTENT_TYPE, Metrics
 from app.store import SchemaError, SqlUpdateStore, open_store
 
 
@@ -40,6 +42,7 @@ def server_config(app: FastAPI, *, host: str, port: int, log_level: str = "info"
         host=host,
         port=port,
         log_level=log_level,
+        log_config=None,  # our handler (app.logs) formats uvicorn's lines too
         access_log=False,
         lifespan="on",
         # The intake reads X-Forwarded-For itself, and only from INTAKE_TRUSTED_PROXIES.
@@ -53,10 +56,12 @@ def create_app(
     workers: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
     mounts: Mapping[str, ASGIApp] | None = None,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
     """Assemble the service: the intake, and with `workers` the dispatcher in this process
     (`telegram-intake run`). The store opens when the app starts and closes when it stops."""
     settings = settings or Settings()
+    metrics = metrics or Metrics.of(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,7 +72,7 @@ def create_app(
             dispatcher: Dispatcher | None = None
             if workers:
                 dispatcher = await stack.enter_async_context(
-                    running_dispatcher(store, settings, transport)
+                    running_dispatcher(store, settings, transport, metrics)
                 )
                 clock = dispatcher.clock
             else:
@@ -88,7 +93,9 @@ def create_app(
             stack.push_async_callback(committer.stop)
             app.state.store = store
             app.state.dispatcher = dispatcher
-            app.state.intake = Intake(settings, committer, clock.now)
+            app.state.intake = Intake(settings, committer, clock.now, metrics)
+            metrics.database.watch(store, clock.now)
+            stack.push_async_callback(metrics.database.unwatch)
 
             async def wake() -> None:
                 if dispatcher is not None:
@@ -108,6 +115,7 @@ def create_app(
         "`/v1` API lets the downstream check and settle its claim, and operators follow it.",
     )
     app.state.settings = settings
+    app.state.metrics = metrics
     app.state.api_keys = Keys(settings.api_keys)
     app.include_router(intake_router)
     api.install(app)
@@ -133,5 +141,21 @@ def create_app(
             problem = f"database unreachable ({type(error).__name__})"
             return JSONResponse({"status": "unavailable", "error": problem}, 503)
         return JSONResponse({"status": "ready", "capability": store.capability})
+
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=Response,
+        responses={
+            200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"},
+            **{status: REFUSALS[status] for status in (401, 403)},
+        },
+    )
+    async def metrics_text(grant: Operations) -> Response:
+        """Prometheus metrics (docs/operations.md), for a key with the `operations` scope;
+        a key limited to some bots sees only their series. Database errors never fail it:
+        `telegram_intake_database_up` is 0 instead."""
+        body = await metrics.exposition(grant.bots(None))
+        return Response(body, media_type=CONTENT_TYPE)
 
     return app

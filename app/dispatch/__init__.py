@@ -14,6 +14,7 @@ import httpx
 from app.config import Settings
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.forward import open_transport
+from app.metrics import Metrics
 from app.store import SqlUpdateStore
 
 __all__ = ["Dispatcher", "open_transport", "running_dispatcher"]
@@ -24,12 +25,14 @@ async def running_dispatcher(
     store: SqlUpdateStore,
     settings: Settings,
     transport: httpx.AsyncBaseTransport | None = None,
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[Dispatcher]:
-    """Start the workers for every bot with a downstream; stop them (gracefully) on exit."""
+    """Start the workers for every bot with a downstream; stop them (gracefully) on exit. They
+    count into `metrics` (by default, metrics of their own that nothing serves)."""
     bots = [bot for bot in settings.bots if bot.downstream_url is not None]
     own = transport is None
     transport = transport or open_transport(settings.worker_concurrency)
-    dispatcher = Dispatcher(store, settings, transport, bots=bots)
+    dispatcher = Dispatcher(store, settings, transport, bots=bots, metrics=metrics)
     try:
         await dispatcher.start()
         try:

@@ -10,13 +10,16 @@ import httpx
 from app.config import BotSettings
 from app.dispatch.breaker import Breaker
 from app.dispatch.forward import Downstream
+from app.metrics import AttemptMeters, AttemptOutcome
 from app.store import Claimed, ClaimIdentity
 
 
 class Lane:
     """One bot's share of a dispatcher: its settings, downstream, breaker, attempts in flight."""
 
-    def __init__(self, bot: BotSettings, transport: httpx.AsyncBaseTransport) -> None:
+    def __init__(
+        self, bot: BotSettings, transport: httpx.AsyncBaseTransport, meters: AttemptMeters
+    ) -> None:
         self.bot = bot
         self.name = bot.name
         self.plain = bot.mode == "plain"
@@ -27,6 +30,8 @@ class Lane:
             bot.name, failures=bot.breaker_failures, cooldown=bot.breaker_cooldown_seconds
         )
         self.in_flight = 0
+        self.meters = meters
+        meters.in_flight.set_function(lambda: self.in_flight)  # read when scraped
         # The last claim took all it asked for, or the bot is at its limit: more may be due.
         self.saturated = False
 
@@ -45,6 +50,7 @@ class Attempt:
     unblocks: bool = False  # its end lets a later update of its chat be claimed
     probe: bool = False  # the one attempt a half-open breaker let through
     judged: bool = False  # its answer reached the breaker
+    outcome: AttemptOutcome = "unsettled"  # how it ended, counted as it does ("lost" aside)
 
     @property
     def identity(self) -> ClaimIdentity:

@@ -13,6 +13,9 @@ request is cancelled, nothing is settled, and a late answer is ignored. A fenced
 returns False also means the claim was lost, never success. On `stop`, claiming ends, attempts
 get `shutdown_grace_seconds` to finish, and the rest are handed back with a fenced settle that
 makes them due at once, so another process retakes them.
+
+Every attempt is counted once as it ends, by bot and outcome (`app.metrics`), with the
+duration of its downstream request, its lease renewals and owner-lost events.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -32,6 +36,7 @@ from app.dispatch.leases import LeaseKeeper
 from app.dispatch.maintenance import ExhaustionDelivery, prune_forever
 from app.dispatch.policy import Outcome, retry_delay_ms
 from app.dispatch.settler import Settler
+from app.metrics import AttemptOutcome, LostReason, Metrics
 from app.store import (
     Abandoned,
     Claimed,
@@ -52,6 +57,12 @@ Result = TypeVar("Result")
 PLAIN_CLAIM = "(plain)"
 EXPIRED = "expired"
 HANDED_BACK = "handed back: the worker was shutting down"
+LOST_BECAUSE: dict[LostReason, str] = {
+    "renewal_refused": "renewal refused",
+    "lease_ran_out": "its lease ran out unrenewed",
+    "settle_refused": "settle refused",
+    "exhaust_refused": "exhaust refused",
+}
 
 
 class Dispatcher:
@@ -64,11 +75,13 @@ class Dispatcher:
         transport: httpx.AsyncBaseTransport,
         *,
         bots: Sequence[BotSettings] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._store = store
         self._settings = settings
         chosen = settings.bots if bots is None else bots
-        self._lanes = [Lane(bot, transport) for bot in chosen]
+        metrics = metrics or Metrics.of(settings)
+        self._lanes = [Lane(bot, transport, metrics.dispatch(bot.name)) for bot in chosen]
         self._clock = DatabaseClock(store)
         self._settler = Settler(store)
         self._capacity = settings.worker_concurrency
@@ -97,6 +110,7 @@ class Dispatcher:
                 self._clock,
                 exhaustion_targets,
                 retry_seconds=settings.exhaustion_retry_seconds,
+                meters={lane.name: lane.meters for lane in self._lanes},
             )
             if exhaustion_targets
             else None
@@ -265,6 +279,7 @@ class Dispatcher:
 
     def _finished(self, attempt: Attempt) -> None:
         lane = attempt.lane
+        lane.meters.attempts["lost" if attempt.lost else attempt.outcome].inc()
         self._attempts.discard(attempt)
         lane.in_flight -= 1
         self._in_flight -= 1
@@ -285,8 +300,9 @@ class Dispatcher:
             expires_at = attempt.expires_at
             if expires_at is not None and self._clock.now() > expires_at:
                 attempt.forwarding = False
-                await self._end(attempt, EXPIRED)
+                await self._end(attempt, "expired", EXPIRED)
                 return
+            started = time.perf_counter()
             try:
                 outcome = await lane.downstream.forward(
                     attempt.identity, attempt.claimed.body, attempt.lease_until
@@ -294,12 +310,14 @@ class Dispatcher:
             except asyncio.CancelledError:
                 if attempt.handed_back:
                     attempt.forwarding = False
+                    attempt.outcome = "handed_back"
                     now = self._clock.now()
                     await self._settle(attempt, Failed(now, now, HANDED_BACK))
                     return
                 if attempt.lost:
                     return  # owner lost: nothing to settle, and no answer to wait for
                 raise
+            lane.meters.forward_duration.observe(time.perf_counter() - started)
             attempt.forwarding = False
             if attempt.lost:
                 log.info("%s: late answer ignored (the claim was lost)", attempt.describe())
@@ -314,6 +332,7 @@ class Dispatcher:
                 outcome = Outcome("completed")
             await self._conclude(attempt, outcome)
         except StoreError as error:
+            attempt.outcome = "unsettled"
             log.warning(
                 "%s: could not settle (%s); redelivered once its lease lapses",
                 attempt.describe(),
@@ -324,25 +343,29 @@ class Dispatcher:
         now = self._clock.now()
         bot = attempt.lane.bot
         if outcome.kind == "completed":
+            attempt.outcome = "completed"
             await self._settle(attempt, Completed(now))
         elif outcome.kind == "deferred":
+            attempt.outcome = "deferred"
             log.debug("%s: deferred, the downstream settles it", attempt.describe())
         elif outcome.kind == "terminal":
-            await self._end(attempt, outcome.error or "terminal")
+            await self._end(attempt, "terminal", outcome.error or "terminal")
         elif attempt.identity.attempt >= bot.max_attempts:
-            await self._end(attempt, f"attempts spent; last: {outcome.error}")
+            await self._end(attempt, "spent", f"attempts spent; last: {outcome.error}")
         else:
             retry_at = now + retry_delay_ms(bot, attempt.identity.attempt, outcome)
             expires_at = attempt.expires_at
             if expires_at is not None and retry_at > expires_at:
-                await self._end(attempt, EXPIRED)
+                await self._end(attempt, "expired", EXPIRED)
                 return
             error = outcome.error or "retry"
+            attempt.outcome = "retry"
             if await self._settle(attempt, Failed(now, retry_at, error)):
                 self._retries.at(retry_at)
 
-    async def _end(self, attempt: Attempt, error: str) -> None:
+    async def _end(self, attempt: Attempt, outcome: AttemptOutcome, error: str) -> None:
         """A terminal outcome: an exhaustion on a durable bot, abandoned otherwise."""
+        attempt.outcome = outcome
         now = self._clock.now()
         if not attempt.lane.durable:
             await self._settle(attempt, Abandoned(now, error))
@@ -356,7 +379,7 @@ class Dispatcher:
             if self._exhaustions is not None:
                 self._exhaustions.wake()
         else:
-            self._lost(attempt, "exhaust refused")
+            self._lost(attempt, "exhaust_refused")
 
     async def _settle(self, attempt: Attempt, settlement: Settlement) -> bool:
         """A fenced settle; False (and the owner-lost signal) when it was refused."""
@@ -380,7 +403,7 @@ class Dispatcher:
             attempt.unblocks = attempt.unblocks or settled.unblocks or racing
         if settled.took_effect:
             return True
-        self._lost(attempt, "settle refused")
+        self._lost(attempt, "settle_refused")
         return False
 
     async def _retrying(self, attempt: Attempt, call: Callable[[], Awaitable[Result]]) -> Result:
@@ -395,13 +418,14 @@ class Dispatcher:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
 
-    def _lost(self, attempt: Attempt, why: str) -> None:
+    def _lost(self, attempt: Attempt, reason: LostReason) -> None:
         """The advisory owner-lost signal: cancel the request, settle nothing."""
         if attempt.lost:
             return
         attempt.lost = True
         self.owner_lost += 1
-        log.warning("%s: owner lost (%s)", attempt.describe(), why)
+        attempt.lane.meters.owner_lost[reason].inc()
+        log.warning("%s: owner lost (%s)", attempt.describe(), LOST_BECAUSE[reason])
         if attempt.forwarding and attempt.task is not None:
             attempt.task.cancel()
 

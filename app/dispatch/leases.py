@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Collection
 
 from app.dispatch.attempt import Attempt
+from app.metrics import LostReason
 from app.store import SqlUpdateStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ class LeaseKeeper:
         store: SqlUpdateStore,
         now: Callable[[], int],
         attempts: Collection[Attempt],
-        lost: Callable[[Attempt, str], None],
+        lost: Callable[[Attempt, LostReason], None],
         *,
         tick: float,
     ) -> None:
@@ -47,7 +48,7 @@ class LeaseKeeper:
                     if now + tick_ms >= attempt.lease_until:
                         # It would lapse before the next look: stop the request while the
                         # lease still holds, rather than let it run on unowned.
-                        self._lost(attempt, "its lease ran out unrenewed")
+                        self._lost(attempt, "lease_ran_out")
                     elif (
                         not attempt.renewing
                         and now - attempt.renewed_at >= attempt.lane.lease_ms / 3
@@ -71,14 +72,16 @@ class LeaseKeeper:
             else:
                 renewed = await self._store.renew_owned(identity, lease_until, now=now)
         except StoreError as error:
+            attempt.lane.meters.renewals["failed"].inc()
             log.warning("%s: renewal failed (%s); will retry", attempt.describe(), error)
             return
         finally:
             attempt.renewing = False
         if not attempt.forwarding or attempt.lost:
             return  # the attempt ended meanwhile: a refusal now means nothing
+        attempt.lane.meters.renewals["renewed" if renewed else "refused"].inc()
         if renewed:
             attempt.lease_until = max(attempt.lease_until, lease_until)
             attempt.renewed_at = now
         else:
-            self._lost(attempt, "renewal refused")
+            self._lost(attempt, "renewal_refused")

@@ -16,6 +16,7 @@ import time
 from app.dispatch.attempt import describe
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
+from app.metrics import AttemptMeters
 from app.store import ClaimIdentity, Exhaustion, SqlUpdateStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,12 @@ class ExhaustionDelivery:
         downstreams: dict[str, Downstream],
         *,
         retry_seconds: float,
+        meters: dict[str, AttemptMeters],
     ) -> None:
         self._store = store
         self._clock = clock
         self._downstreams = downstreams
+        self._deliveries = {bot: meters[bot].exhaustion_deliveries for bot in downstreams}
         self._retry = retry_seconds
         self._wake = asyncio.Event()
         self._gate = asyncio.Semaphore(CONCURRENCY)
@@ -107,6 +110,7 @@ class ExhaustionDelivery:
             downstream = self._downstreams[identity.bot]
             outcome = await downstream.deliver_exhaustion(identity, exhaustion_payload(exhaustion))
         if outcome.kind not in ("completed", "deferred"):  # any 2xx
+            self._deliveries[identity.bot]["failed"].inc()
             failures = self._failing.get(identity, (0, 0.0))[0] + 1
             pause = min(self._retry * 2 ** min(failures - 1, 20), MAX_RETRY_SECONDS)
             self._failing[identity] = (failures, time.monotonic() + pause)
@@ -118,6 +122,7 @@ class ExhaustionDelivery:
             )
             return False
         self._failing.pop(identity, None)
+        self._deliveries[identity.bot]["delivered"].inc()
         return await self._store.acknowledge_exhaustion(identity, self._clock.now())
 
 

@@ -8,6 +8,8 @@ Checks run in this order, and nothing invalid is ever stored:
 4. not UTF-8 JSON, not an object, or no non-negative integer `update_id` -> 400;
 5. otherwise the row is recorded (group commit) and 200 is sent after the commit; a
    duplicate is 200 too and changes nothing; no commit confirmed in time -> 503 + Retry-After.
+
+Each answer is counted by bot and result, with its latency (`app.metrics`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from app.config import Settings
 from app.intake.committer import CommitFailed, GroupCommitter
 from app.intake.sources import client_address, source_allowed
 from app.intake.updates import classify
+from app.metrics import UNKNOWN_BOT, IntakeMeters, IntakeResult, Metrics
 from app.store import NewUpdate
 from app.store.validate import MAX_BIGINT
 
@@ -47,6 +50,7 @@ class Intake:
         settings: Settings,
         committer: GroupCommitter,
         clock: Callable[[], int] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
         self._committer = committer
@@ -58,6 +62,9 @@ class Intake:
         }
         # Compared against for unknown bots, so they take as long as wrong secrets.
         self._decoy = b"\0" * 32
+        metrics = metrics or Metrics.of(settings)
+        self._meters = {bot.name: metrics.intake(bot.name) for bot in settings.bots}
+        self._unknown: IntakeMeters = metrics.intake(UNKNOWN_BOT)
         self._too_large = _error(413, f"body over {settings.max_body_bytes} bytes")
         self._unavailable = _error(
             503,
@@ -66,12 +73,18 @@ class Intake:
         )
 
     async def receive(self, bot: str, request: Request) -> Response:
+        started = time.perf_counter()
+        result, response = await self._receive(bot, request)
+        self._meters.get(bot, self._unknown).answered(result, time.perf_counter() - started)
+        return response
+
+    async def _receive(self, bot: str, request: Request) -> tuple[IntakeResult, Response]:
         received_at = self._now()
         expected = self._secrets.get(bot)
         given = request.headers.get(SECRET_HEADER, "").encode()
         secret_ok = hmac.compare_digest(given, expected or self._decoy)
         if expected is None or not secret_ok:
-            return FORBIDDEN
+            return "forbidden", FORBIDDEN
         settings = self._settings
         if settings.allowed_sources:
             peer = request.client.host if request.client else None
@@ -79,23 +92,23 @@ class Intake:
             forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
             source = client_address(peer, forwarded, settings.trusted_proxies)
             if not source_allowed(source, settings.allowed_sources):
-                return FORBIDDEN
+                return "source_refused", FORBIDDEN
         try:
             body = await self._read_body(request)
         except ClientDisconnect:
-            return _error(400, "the client went away before the body was read")
+            return "disconnected", _error(400, "the client went away before the body was read")
         if body is None:
-            return self._too_large
+            return "too_large", self._too_large
         text, update, problem = _parse(body)
         if update is None:
-            return _error(400, problem)
+            return "invalid", _error(400, problem)
         update_type, queue_key = classify(update)
         row = NewUpdate(bot, update["update_id"], text, received_at, update_type, queue_key)
         try:
-            await self._committer.submit(row)
+            new = await self._committer.submit(row)
         except CommitFailed:
-            return self._unavailable
-        return OK
+            return "unavailable", self._unavailable
+        return ("accepted" if new else "duplicate"), OK
 
     async def _read_body(self, request: Request) -> bytes | None:
         """The body, or None when it is over the limit (declared or as it streams in)."""
