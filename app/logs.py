@@ -64,6 +64,12 @@ class AttemptLog(logging.LoggerAdapter[logging.Logger]):
         if claim is not None:
             self._prefix += f" (claim {claim})"
 
+    @classmethod
+    def of(cls, logger: logging.Logger, identity: Any) -> AttemptLog:
+        """For an identity (anything with bot, update_id, attempt and claim_id)."""
+        fields = ("bot", "update_id", "attempt", "claim_id")
+        return cls(logger, {name: getattr(identity, name) for name in fields})
+
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]
     ) -> tuple[Any, MutableMapping[str, Any]]:

@@ -65,12 +65,3 @@ class Attempt:
     def renewal_due(self, now: int) -> bool:
         """A third of the lease has passed since it was last proven."""
         return now - self.renewed_at >= self.lane.lease_ms / 3
-
-    def describe(self) -> str:
-        return describe(self.identity)
-
-
-def describe(identity: ClaimIdentity) -> str:
-    """An attempt's identity as log lines show it."""
-    i = identity
-    return f"bot={i.bot} update_id={i.update_id} attempt={i.attempt} claim_id={i.claim_id}"

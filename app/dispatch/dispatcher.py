@@ -36,6 +36,7 @@ from app.dispatch.leases import LeaseKeeper
 from app.dispatch.maintenance import ExhaustionDelivery, prune_forever
 from app.dispatch.policy import Outcome, retry_delay_ms
 from app.dispatch.settler import Settler
+from app.logs import AttemptLog
 from app.metrics import AttemptOutcome, LostReason, Metrics
 from app.store import (
     Abandoned,
@@ -320,7 +321,9 @@ class Dispatcher:
             lane.meters.forward_duration.observe(time.perf_counter() - started)
             attempt.forwarding = False
             if attempt.lost:
-                log.info("%s: late answer ignored (the claim was lost)", attempt.describe())
+                AttemptLog.of(log, attempt.identity).info(
+                    "late answer ignored (the claim was lost)"
+                )
                 return
             was_closed = lane.breaker.state == "closed"
             lane.breaker.record(failed=outcome.downstream_failed)
@@ -333,9 +336,8 @@ class Dispatcher:
             await self._conclude(attempt, outcome)
         except StoreError as error:
             attempt.outcome = "unsettled"
-            log.warning(
-                "%s: could not settle (%s); redelivered once its lease lapses",
-                attempt.describe(),
+            AttemptLog.of(log, attempt.identity).warning(
+                "could not settle (%s); redelivered once its lease lapses",
                 error,
             )
 
@@ -347,7 +349,7 @@ class Dispatcher:
             await self._settle(attempt, Completed(now))
         elif outcome.kind == "deferred":
             attempt.outcome = "deferred"
-            log.debug("%s: deferred, the downstream settles it", attempt.describe())
+            AttemptLog.of(log, attempt.identity).debug("deferred, the downstream settles it")
         elif outcome.kind == "terminal":
             await self._end(attempt, "terminal", outcome.error or "terminal")
         elif attempt.identity.attempt >= bot.max_attempts:
@@ -374,7 +376,7 @@ class Dispatcher:
             attempt, lambda: self._store.exhaust(attempt.identity, now, error)
         )
         if exhausted:
-            log.warning("%s: exhausted (%s)", attempt.describe(), error)
+            AttemptLog.of(log, attempt.identity).warning("exhausted (%s)", error)
             attempt.unblocks = attempt.claimed.queue_key is not None
             if self._exhaustions is not None:
                 self._exhaustions.wake()
@@ -425,7 +427,7 @@ class Dispatcher:
         attempt.lost = True
         self.owner_lost += 1
         attempt.lane.meters.owner_lost[reason].inc()
-        log.warning("%s: owner lost (%s)", attempt.describe(), LOST_BECAUSE[reason])
+        AttemptLog.of(log, attempt.identity).warning("owner lost (%s)", LOST_BECAUSE[reason])
         if attempt.forwarding and attempt.task is not None:
             attempt.task.cancel()
 

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Collection
 
 from app.dispatch.attempt import Attempt
+from app.logs import AttemptLog
 from app.metrics import LostReason
 from app.store import SqlUpdateStore, StoreError
 
@@ -73,7 +74,7 @@ class LeaseKeeper:
                 renewed = await self._store.renew_owned(identity, lease_until, now=now)
         except StoreError as error:
             attempt.lane.meters.renewals["failed"].inc()
-            log.warning("%s: renewal failed (%s); will retry", attempt.describe(), error)
+            AttemptLog.of(log, attempt.identity).warning("renewal failed (%s); will retry", error)
             return
         finally:
             attempt.renewing = False

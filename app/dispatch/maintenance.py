@@ -13,9 +13,9 @@ import json
 import logging
 import time
 
-from app.dispatch.attempt import describe
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
+from app.logs import AttemptLog
 from app.metrics import AttemptMeters
 from app.store import ClaimIdentity, Exhaustion, SqlUpdateStore, StoreError
 
@@ -114,11 +114,8 @@ class ExhaustionDelivery:
             failures = self._failing.get(identity, (0, 0.0))[0] + 1
             pause = min(self._retry * 2 ** min(failures - 1, 20), MAX_RETRY_SECONDS)
             self._failing[identity] = (failures, time.monotonic() + pause)
-            log.warning(
-                "exhaustion of %s not delivered (%s); next try in %.0f s",
-                describe(identity),
-                outcome.error,
-                pause,
+            AttemptLog.of(log, identity).warning(
+                "exhaustion not delivered (%s); next try in %.0f s", outcome.error, pause
             )
             return False
         self._failing.pop(identity, None)
