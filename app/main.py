@@ -9,30 +9,21 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
 import uvicorn
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
+from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from app import __version__, api
+from app import __version__, api, health
 from app.api import Keys, Services
-from app.api.deps import REFUSALS, Operations
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.dispatch.clock import DatabaseClock
+from app.health import check_capability
 from app.heap import freeze_after_startup
 from app.intake.committer import GroupCommitter
 from app.intake.route import Intake
 from app.intake.route import router as intake_router
-from app.metrics import CONTENT_TYPE, Metrics
-from app.store import SchemaError, SqlUpdateStore, open_store
-
-
-def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
-    """Refuse to serve a bot whose mode the live schema cannot carry."""
-    for bot in settings.bots:
-        store.require(bot.capability, f"bot {bot.name!r} in {bot.mode} mode")
+from app.metrics import Metrics
+from app.store import open_store
 
 
 def server_config(app: FastAPI, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
@@ -118,44 +109,9 @@ def create_app(
     app.state.metrics = metrics
     app.state.api_keys = Keys(settings.api_keys)
     app.include_router(intake_router)
+    app.include_router(health.router)
     api.install(app)
     for path, mounted in (mounts or {}).items():
         app.mount(path, mounted)
-
-    @app.get("/healthz", tags=["operations"])
-    async def healthz() -> dict[str, str]:
-        """The process is alive."""
-        return {"status": "ok"}
-
-    @app.get("/readyz", tags=["operations"])
-    async def readyz(request: Request) -> JSONResponse:
-        """The database answers and its schema serves every configured bot's mode."""
-        store: SqlUpdateStore = request.app.state.store
-        try:
-            async with store.engine.connect() as connection:
-                await connection.execute(text("SELECT 1"))
-            check_capability(settings, store)
-        except SchemaError as error:
-            return JSONResponse({"status": "unavailable", "error": str(error)}, 503)
-        except (SQLAlchemyError, OSError) as error:
-            problem = f"database unreachable ({type(error).__name__})"
-            return JSONResponse({"status": "unavailable", "error": problem}, 503)
-        return JSONResponse({"status": "ready", "capability": store.capability})
-
-    @app.get(
-        "/metrics",
-        tags=["operations"],
-        response_class=Response,
-        responses={
-            200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"},
-            **{status: REFUSALS[status] for status in (401, 403)},
-        },
-    )
-    async def metrics_text(grant: Operations) -> Response:
-        """Prometheus metrics (docs/operations.md), for a key with the `operations` scope;
-        a key limited to some bots sees only their series. Database errors never fail it:
-        `telegram_intake_database_up` is 0 instead."""
-        body = await metrics.exposition(grant.bots(None))
-        return Response(body, media_type=CONTENT_TYPE)
 
     return app

@@ -12,13 +12,18 @@ from app.api import claims, operations
 from app.api.deps import Keys, Services, authenticated, bearer
 from app.store import SchemaError, StoreBusy, StoreError, StoreUnavailable
 
-__all__ = ["Keys", "Services", "install"]
+__all__ = ["Keys", "Services", "install", "install_errors"]
 
 
 def install(app: FastAPI) -> None:
     """Add the `/v1` routes and the error answers they share to `app`."""
     app.include_router(claims.router)
     app.include_router(operations.router)
+    install_errors(app)
+
+
+def install_errors(app: FastAPI) -> None:
+    """The `{"error": ...}` answers of refused and failed requests."""
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, error: HTTPException) -> JSONResponse:

@@ -291,3 +291,30 @@ async def test_a_plain_worker_delivers_from_a_revision_0001_table(
         assert not [name for name in delivered.headers if name.startswith("x-intake-")]
         assert worker.poll() is None, worker.report()
         assert_clean(worker)
+
+
+async def test_a_worker_serves_health_and_its_own_metrics_on_its_port(
+    postgres_storage: Storage, downstream: FakeDownstream, tmp_path: Path
+) -> None:
+    url = postgres_storage.url()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    key = "worker-metrics.key-0123"
+    await add_messages(url, [(601, 1)])
+    env = environment(url, f"{downstream.url}/hook", worker_port=port, api_keys=key)
+    with processes(tmp_path) as start:
+        worker = start("worker", env, "worker")
+        await eventually(worker.started, within=STARTUP)
+        await eventually(lambda: table_rows(url, "state") == [("completed",)], within=10)
+        async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+            assert (await client.get("/healthz")).json() == {"status": "ok"}
+            assert (await client.get("/readyz")).json()["status"] == "ready"
+            assert (await client.get("/metrics")).status_code == 401
+            scraped = await client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
+            assert (await client.get("/telegram/default")).status_code == 404  # no intake here
+        assert scraped.status_code == 200
+        counted = 'telegram_intake_attempts_total{bot="default",outcome="completed"} 1.0'
+        assert counted in scraped.text
+        worker.signal(signal.SIGTERM)
+        assert worker.popen.wait(timeout=30) == 0, worker.report()
+        assert_clean(worker)
