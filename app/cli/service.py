@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import logging
 import secrets
+import shlex
 import socket
 import sys
 from collections.abc import Callable, Coroutine
@@ -35,6 +37,12 @@ def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
 DEMO_PATH = "/demo/downstream"
 
 
+def _this_command() -> str:
+    """How this program was started, to print commands the reader can paste."""
+    started = sys.argv[0]
+    return shlex.quote(started) if started.endswith("telegram-intake") else "telegram-intake"
+
+
 def _demo(settings: Settings, args: argparse.Namespace) -> tuple[Settings, ASGIApp]:
     """Bot `default` with a fresh secret, printed once with a ready curl line, forwarding to
     the demo downstream mounted in the same process, which calls back with a fresh key."""
@@ -58,8 +66,13 @@ def _demo(settings: Settings, args: argparse.Namespace) -> tuple[Settings, ASGIA
         f'-H \'Content-Type: application/json\' -d \'{{"update_id": 1, "message": '
         f'{{"message_id": 1, "date": 0, "chat": {{"id": 42, "type": "private"}}, '
         f'"text": "hello"}}}}\' {url}',
+        f"demo: or   INTAKE_SECRET_TOKEN={secret} {_this_command()} send default "
+        f"examples/update.json --url {base}",
         flush=True,
+        sep="\n",
     )
+    # The journey of each update, from the webhook to the demo downstream, at debug level.
+    logging.getLogger("app").setLevel(logging.DEBUG)
     keys = (ApiKey(key=SecretStr(api_key), bots=("default",)),)
     return settings.model_copy(update={"bots": (bot,), "api_keys": keys}), downstream
 

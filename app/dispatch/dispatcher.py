@@ -273,6 +273,8 @@ class Dispatcher:
         lane.in_flight += 1
         self._in_flight += 1
         self._attempts.add(attempt)
+        if log.isEnabledFor(logging.DEBUG):
+            AttemptLog.of(log, attempt.identity).debug("claimed, lease until %d", lease_until)
         attempt.task = asyncio.create_task(self._run(attempt))
         # In a callback, not in _run: a task cancelled before its first step never runs it.
         attempt.task.add_done_callback(lambda _: self._finished(attempt))
@@ -318,7 +320,12 @@ class Dispatcher:
                 if attempt.lost:
                     return  # owner lost: nothing to settle, and no answer to wait for
                 raise
-            lane.meters.forward_duration.observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            lane.meters.forward_duration.observe(took)
+            if log.isEnabledFor(logging.DEBUG):
+                AttemptLog.of(log, attempt.identity).debug(
+                    "forwarded: %s in %.1f ms", outcome.kind, took * 1000
+                )
             attempt.forwarding = False
             if attempt.lost:
                 AttemptLog.of(log, attempt.identity).info(
@@ -404,6 +411,10 @@ class Dispatcher:
             racing = attempt.claimed.queue_key is not None and self._arrivals != arrivals
             attempt.unblocks = attempt.unblocks or settled.unblocks or racing
         if settled.took_effect:
+            if log.isEnabledFor(logging.DEBUG):
+                AttemptLog.of(log, attempt.identity).debug(
+                    "settled: %s", type(settlement).__name__.lower()
+                )
             return True
         self._lost(attempt, "settle_refused")
         return False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from app.metrics import UNKNOWN_BOT, IntakeMeters, IntakeResult, Metrics
 from app.store import NewUpdate
 from app.store.validate import MAX_BIGINT
 
+log = logging.getLogger(__name__)
 SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
 JSON = "application/json"
 OK = Response(b'{"ok":true}', 200, media_type=JSON)
@@ -108,6 +110,9 @@ class Intake:
             new = await self._committer.submit(row)
         except CommitFailed:
             return "unavailable", self._unavailable
+        if log.isEnabledFor(logging.DEBUG):
+            state = "recorded" if new else "a duplicate, already recorded"
+            log.debug("%s:%d: %s (%s, queue %s)", bot, row.update_id, state, update_type, queue_key)
         return ("accepted" if new else "duplicate"), OK
 
     async def _read_body(self, request: Request) -> bytes | None:

@@ -236,3 +236,30 @@ def test_demo_downstream_refuses_to_start_without_a_way_to_verify(
     )
     assert done.returncode == 2
     assert "neither signing_secret nor downstream_secret_token" in done.stderr
+
+
+def test_the_demo_s_send_line_delivers_the_sample_update_and_the_log_shows_its_journey(
+    running: Running,
+) -> None:
+    _, url, secret, process = running
+    assert process.stdout is not None
+    assert process.stderr is not None
+    hint = process.stdout.readline()
+    command = re.search(
+        r"demo: or\s+INTAKE_SECRET_TOKEN=(\S+) \S+ send default (\S+) --url (\S+)", hint
+    )
+    assert command is not None, hint
+    assert command.group(1) == secret
+    env = {**_environment(url), "INTAKE_SECRET_TOKEN": secret}
+    sent = subprocess.run(
+        _command("send", "default", command.group(2), "--url", command.group(3)),
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    assert "update 100000001: recorded" in sent.stdout
+    journey = []
+    for step in ("recorded", "claimed", "demo downstream: handled", "forwarded", "settled"):
+        line = json.loads(until_line(process.stderr, re.escape(step)))
+        assert "100000001" in line["message"], line
+        journey.append(line["message"])
+    assert journey[-1].endswith("settled: completed")
