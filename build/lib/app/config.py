@@ -1,0 +1,317 @@
+"""Service settings: one pydantic-settings class, validated at start-up.
+
+Sources, strongest first: `INTAKE_*` environment variables, then the TOML file named by
+`INTAKE_CONFIG` (default `./intake.toml` when present), then the defaults below. The file holds
+one `[[bots]]` table per bot; without it, one bot named `default` comes from the environment
+(`INTAKE_SECRET_TOKEN`, `INTAKE_DOWNSTREAM_URL`, ...). Secrets are `SecretStr`: never printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from app.logs import LogFormat
+from app.store import validate
+from app.store.engine import normalise_url
+from app.store.schema import DEFAULT_TABLE
+from app.store.types import Capability, Ordering
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/intake.db"
+DEFAULT_CONFIG_FILE = "intake.toml"
+# Telegram's published webhook source ranges (core.telegram.org/bots/webhooks).
+TELEGRAM_SOURCES = ("149.154.160.0/20", "91.108.4.0/22")
+# What setWebhook accepts as secret_token: 1-256 of A-Z, a-z, 0-9, _ and -.
+SECRET_TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,256}$"  # noqa: S105 - a shape, not a secret
+
+Mode = Literal["plain", "fenced", "durable"]
+# Past these ages (seconds from receipt) a delivery can no longer help: Telegram has already
+# given up on the answer (inline and callback queries) or on the payment step.
+DEFAULT_DEADLINES = {
+    "inline_query": 30.0,
+    "callback_query": 150.0,
+    "shipping_query": 10.0,
+    "pre_checkout_query": 10.0,
+}
+Networks = Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], NoDecode]
+Scope = Literal["callback", "operations"]
+# Long enough that guessing is hopeless, and free of what would split a list or a header.
+API_KEY_PATTERN = r"^[A-Za-z0-9._~+/=-]{16,256}$"
+
+
+def _check_secret_token(value: SecretStr | None) -> SecretStr | None:
+    if value is not None and not re.fullmatch(SECRET_TOKEN_PATTERN, value.get_secret_value()):
+        raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and - (as setWebhook)")
+    return value
+
+
+class BotOptions(BaseModel):
+    """What a bot may set beyond its name and secret; the environment sets them for the
+    `default` bot, a `[[bots]]` table for each named bot."""
+
+    bot_token: SecretStr | None = None
+    downstream_url: AnyHttpUrl | None = None
+    downstream_secret_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+    exhaustion_url: AnyHttpUrl | None = None
+    mode: Mode = "durable"
+    max_attempts: int = Field(8, ge=1, le=1000)
+    lease_seconds: float = Field(60, gt=0, le=86_400)
+    ordering: Ordering = "chat"
+    concurrency: int = Field(64, ge=1, le=10_000)  # this bot's attempts in flight, per process
+    forward_timeout_seconds: float = Field(30, gt=0, le=3600)
+    retry_base_seconds: float = Field(2, gt=0, le=86_400)
+    retry_cap_seconds: float = Field(600, gt=0, le=7 * 86_400)
+    retry_after_cap_seconds: float = Field(600, ge=0, le=7 * 86_400)
+    # Update type -> seconds from receipt; merged over DEFAULT_DEADLINES, 0 turns one off.
+    deadlines: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_DEADLINES))
+    breaker_failures: int = Field(5, ge=0, le=10_000)  # consecutive failures; 0: no breaker
+    # What `set-webhook` registers with Telegram (None: Telegram's own default).
+    allowed_updates: tuple[str, ...] | None = None
+    max_connections: int | None = Field(None, ge=1, le=100)
+    breaker_cooldown_seconds: float = Field(30, gt=0, le=86_400)
+
+    @field_validator("downstream_secret_token")
+    @classmethod
+    def _check_downstream_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        return _check_secret_token(value)
+
+    @field_validator("signing_secret")
+    @classmethod
+    def _check_signing_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            secret = value.get_secret_value().removeprefix("whsec_")
+            try:
+                key = base64.b64decode(secret, validate=True)
+            except binascii.Error:
+                key = b""
+            if len(key) < 16:
+                raise ValueError("must be whsec_ and base64 of at least 16 random bytes")
+        return value
+
+    @field_validator("deadlines")
+    @classmethod
+    def _merge_deadlines(cls, value: dict[str, float]) -> dict[str, float]:
+        for update_type, seconds in value.items():
+            if seconds < 0:
+                raise ValueError(f"{update_type}: {seconds} is negative (0 turns it off)")
+        return {**DEFAULT_DEADLINES, **value}
+
+    @model_validator(mode="after")
+    def _plain_has_no_chat_order(self) -> BotOptions:
+        # The base store methods of a plain bot know no chats: only fenced and durable bots
+        # keep per-chat order (the claim's NOT EXISTS over the ordering index).
+        if self.mode == "plain" and self.ordering == "chat":
+            if "ordering" in self.model_fields_set:
+                raise ValueError(
+                    'ordering "chat" needs mode fenced or durable; a plain bot delivers '
+                    'with ordering "none"'
+                )
+            object.__setattr__(self, "ordering", "none")
+        return self
+
+    @property
+    def capability(self) -> Capability:
+        """The table capability this bot's mode needs (ADR 0256 decision 1)."""
+        return "base" if self.mode == "plain" else self.mode
+
+    def deadline_ms(self, update_type: str | None) -> int | None:
+        """How long after receipt an update of this type is still worth delivering."""
+        seconds = self.deadlines.get(update_type or "")
+        return int(seconds * 1000) if seconds else None
+
+
+class BotSettings(BotOptions):
+    """One bot: how Telegram reaches it here, and where its updates go."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    name: str
+    secret_token: SecretStr
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        return validate.bot_name(value)
+
+    @field_validator("secret_token")
+    @classmethod
+    def _check_secret(cls, value: SecretStr) -> SecretStr | None:
+        return _check_secret_token(value)
+
+
+class ApiKey(BaseModel):
+    """A bearer key for `/v1/*`: every bot and both scopes unless limited. `callback` covers
+    what a downstream calls (owns, renew, settle, acknowledge); `operations` covers the rest
+    (exhaustions, updates, stats; acknowledge too)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    key: SecretStr
+    bots: tuple[str, ...] | None = None  # None: every bot
+    scopes: tuple[Scope, ...] = ("callback", "operations")
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, value: SecretStr) -> SecretStr:
+        if not re.fullmatch(API_KEY_PATTERN, value.get_secret_value()):
+            raise ValueError("must be 16-256 characters of A-Z, a-z, 0-9 and ._~+/=-")
+        return value
+
+    @field_validator("bots")
+    @classmethod
+    def _check_bots(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if value is None else tuple(validate.bot_name(name) for name in value)
+
+    def allows(self, bot: str) -> bool:
+        return self.bots is None or bot in self.bots
+
+
+class Settings(BaseSettings, BotOptions):
+    """Everything the service reads from its environment and configuration file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="INTAKE_", extra="forbid", hide_input_in_errors=True
+    )
+
+    database_url: str = Field(DEFAULT_DATABASE_URL, repr=False)  # may hold a password
+    table: str = DEFAULT_TABLE
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    bot_api_url: AnyHttpUrl = AnyHttpUrl("https://api.telegram.org")  # or a local Bot API server
+    log_format: LogFormat = "auto"  # auto: text on a terminal, JSON otherwise
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    bots: tuple[BotSettings, ...] = ()
+    # With no [[bots]], a secret token makes the `default` bot of this and BotOptions.
+    secret_token: SecretStr | None = None
+
+    # Bearer keys for /v1/*: INTAKE_API_KEYS="key1,key2" (full access), or [[api_keys]] tables
+    # with `key`, `bots` and `scopes` in the file.
+    api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
+
+    # Intake.
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
+    allowed_sources: Networks = ()  # empty: any source; "telegram" names Telegram's ranges
+    trusted_proxies: Networks = ()  # X-Forwarded-For is read only from these peers
+    commit_batch_max: int = Field(500, ge=1, le=10_000)
+    commit_wait_ms: float = Field(0, ge=0, le=1_000)
+    commit_timeout_ms: float = Field(5_000, gt=0, le=120_000)
+    retry_after_seconds: int = Field(5, ge=1, le=3600)
+
+    # Workers (`run` and `worker`), per process.
+    worker_concurrency: int = Field(64, ge=1, le=10_000)  # attempts in flight, all bots
+    worker_port: int | None = Field(None, ge=0, le=65535)  # `worker` serves /healthz, /metrics
+    claim_batch: int = Field(64, ge=1, le=1_000)
+    poll_interval_seconds: float = Field(1.0, gt=0, le=3600)
+    shutdown_grace_seconds: float = Field(10, ge=0, le=3600)
+    retention_seconds: float = Field(86_400, gt=0)  # completed and acknowledged rows kept
+    prune_interval_seconds: float = Field(60, gt=0, le=86_400)
+    exhaustion_retry_seconds: float = Field(30, gt=0, le=86_400)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        named = os.environ.get("INTAKE_CONFIG")
+        path = Path(named or DEFAULT_CONFIG_FILE)
+        if named and not path.is_file():
+            raise FileNotFoundError(f"INTAKE_CONFIG names {path}, which is not a file")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path.is_file():
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_database_url(cls, value: str) -> str:
+        return normalise_url(value).render_as_string(hide_password=False)
+
+    @field_validator("table")
+    @classmethod
+    def _check_table(cls, value: str) -> str:
+        return validate.table_name(value)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_api_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple):
+            return tuple({"key": item} if isinstance(item, str) else item for item in value)
+        return value
+
+    @field_validator("allowed_sources", "trusted_proxies", mode="before")
+    @classmethod
+    def _parse_networks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple):
+            expanded: list[Any] = []
+            for item in value:
+                expanded += TELEGRAM_SOURCES if item == "telegram" else [item]
+            return tuple(ipaddress.ip_network(item, strict=False) for item in expanded)
+        return value
+
+    @model_validator(mode="after")
+    def _default_bot(self) -> Settings:
+        if not self.bots and self.secret_token is not None:
+            options = {
+                name: getattr(self, name)
+                for name in BotOptions.model_fields
+                if name in self.model_fields_set
+            }
+            default = BotSettings(name="default", secret_token=self.secret_token, **options)
+            object.__setattr__(self, "bots", (default,))
+        names = [bot.name for bot in self.bots]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"bots: names {duplicated} appear more than once")
+        for index, api_key in enumerate(self.api_keys):
+            unknown = sorted(set(api_key.bots or ()) - set(names))
+            if unknown:
+                raise ValueError(f"api_keys.{index}.bots: {unknown} are not configured bots")
+        keys = [api_key.key.get_secret_value() for api_key in self.api_keys]
+        if len(set(keys)) != len(keys):
+            raise ValueError("api_keys: a key appears more than once")
+        return self
+
+    def bot(self, name: str) -> BotSettings | None:
+        return next((bot for bot in self.bots if bot.name == name), None)
+
+
+def describe(error: ValidationError) -> str:
+    """One line per invalid field, naming it, for a start-up failure message."""
+    lines = []
+    for problem in error.errors():
+        field = ".".join(str(part) for part in problem["loc"]) or "settings"
+        lines.append(f"{field}: {problem['msg']}")
+    return "invalid configuration: " + "; ".join(lines)

@@ -1,0 +1,67 @@
+"""The dispatcher's state: a lane per bot, and one record per attempt in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import httpx
+
+from app.config import BotSettings
+from app.dispatch.breaker import Breaker
+from app.dispatch.forward import Downstream
+from app.metrics import AttemptMeters, AttemptOutcome
+from app.store import Claimed, ClaimIdentity
+
+
+class Lane:
+    """One bot's share of a dispatcher: its settings, downstream, breaker, attempts in flight."""
+
+    def __init__(
+        self, bot: BotSettings, transport: httpx.AsyncBaseTransport, meters: AttemptMeters
+    ) -> None:
+        self.bot = bot
+        self.name = bot.name
+        self.plain = bot.mode == "plain"
+        self.durable = bot.mode == "durable"
+        self.lease_ms = int(bot.lease_seconds * 1000)
+        self.downstream = Downstream(bot, transport)
+        self.breaker = Breaker(
+            bot.name, failures=bot.breaker_failures, cooldown=bot.breaker_cooldown_seconds
+        )
+        self.in_flight = 0
+        self.meters = meters
+        meters.in_flight.set_function(lambda: self.in_flight)  # read when scraped
+        # The last claim took all it asked for, or the bot is at its limit: more may be due.
+        self.saturated = False
+
+
+@dataclass(eq=False, slots=True)
+class Attempt:
+    lane: Lane
+    claimed: Claimed
+    lease_until: int  # the last proven lease: due_at as this attempt last wrote it
+    renewed_at: int
+    task: asyncio.Task[None] | None = None
+    forwarding: bool = True  # the request is in flight (only then is it cancelled)
+    renewing: bool = False
+    lost: bool = False
+    handed_back: bool = False
+    unblocks: bool = False  # its end lets a later update of its chat be claimed
+    probe: bool = False  # the one attempt a half-open breaker let through
+    judged: bool = False  # its answer reached the breaker
+    outcome: AttemptOutcome = "unsettled"  # how it ended, counted as it does ("lost" aside)
+
+    @property
+    def identity(self) -> ClaimIdentity:
+        return self.claimed.identity
+
+    @property
+    def expires_at(self) -> int | None:
+        """When delivering it can no longer help (its type's deadline from receipt), if ever."""
+        deadline = self.lane.bot.deadline_ms(self.claimed.update_type)
+        return None if deadline is None else self.claimed.received_at + deadline
+
+    def renewal_due(self, now: int) -> bool:
+        """A third of the lease has passed since it was last proven."""
+        return now - self.renewed_at >= self.lane.lease_ms / 3

@@ -1,0 +1,104 @@
+"""One clock for every host: the database's.
+
+Leases are compared against `due_at`, which every worker on every host writes. Each process
+reads the database's clock now and then and keeps its offset from the local monotonic clock,
+so `now()` costs no round trip, never jumps with the host's wall clock, and agrees across
+hosts to within a round trip's half (well under a millisecond on one network).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Callable
+
+from app.store import SqlUpdateStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic_ns() / 1_000_000
+
+
+class DatabaseClock:
+    """Epoch milliseconds by the database's clock, read through the local monotonic clock."""
+
+    def __init__(self, store: SqlUpdateStore, *, resync_seconds: float = 30.0) -> None:
+        self._store = store
+        self._resync = resync_seconds
+        # Until the first sync: the local wall clock, the best guess there is.
+        self._offset = time.time_ns() / 1_000_000 - _monotonic_ms()
+
+    def now(self) -> int:
+        return int(_monotonic_ms() + self._offset)
+
+    def seconds_until(self, at: int) -> float:
+        """How long from now until `now()` reaches `at` (0 when it has)."""
+        return max(0.0, (at - _monotonic_ms() - self._offset) / 1000)
+
+    async def sync(self) -> None:
+        """Read the database's clock; the offset is taken at the round trip's midpoint."""
+        before = _monotonic_ms()
+        database = await self._store.database_time()
+        after = _monotonic_ms()
+        self._offset = database - (before + after) / 2
+
+    async def run(self) -> None:
+        """Resync forever; a failed read keeps the last offset (clocks drift slowly)."""
+        while True:
+            await asyncio.sleep(self._resync)
+            try:
+                await self.sync()
+            except StoreError as error:
+                log.warning("could not read the database clock: %s", error)
+            except Exception:  # keep the last offset; a bug must not end the resync
+                log.exception("could not read the database clock")
+
+
+async def wait_or_timeout(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until `event` is set or `seconds` pass; whether it was set."""
+    if event.is_set():
+        return True
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+class Alarm:
+    """Calls `ring` when each of the times given falls due by `clock`, with one timer armed
+    for the earliest (thousands of pending retries cost one timer, not thousands)."""
+
+    def __init__(self, clock: DatabaseClock, ring: Callable[[], None]) -> None:
+        self._clock = clock
+        self._ring = ring
+        self._times: list[int] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def at(self, when: int) -> None:
+        heapq.heappush(self._times, when)
+        if self._times[0] == when:
+            self._arm()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+
+    def _arm(self) -> None:
+        self.cancel()
+        if self._times:
+            # A little late rather than early: uvloop's timers round to whole milliseconds.
+            delay = self._clock.seconds_until(self._times[0]) + 0.002
+            self._timer = asyncio.get_running_loop().call_later(delay, self._due)
+
+    def _due(self) -> None:
+        now = self._clock.now()
+        while self._times and self._times[0] <= now:
+            heapq.heappop(self._times)
+        self._ring()
+        self._arm()

@@ -1,0 +1,88 @@
+"""The lease keeper: renew the lease of every attempt in flight, or raise owner-lost.
+
+Every lease/3 while its request runs, an attempt's lease is renewed with `renew_owned(...,
+now=)` (`renew` for a plain bot), which never revives a lapsed lease. A refused renewal, or
+the last proven lease about to run out (renewals failing, say, because the database is
+unreachable), calls `lost`: the owner-lost signal, which cancels the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection
+
+from app.dispatch.attempt import Attempt
+from app.logs import AttemptLog
+from app.metrics import LostReason
+from app.store import SqlUpdateStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        store: SqlUpdateStore,
+        now: Callable[[], int],
+        attempts: Collection[Attempt],
+        lost: Callable[[Attempt, LostReason], None],
+        *,
+        tick: float,
+    ) -> None:
+        self._store = store
+        self._now = now
+        self._attempts = attempts
+        self._lost = lost
+        self._tick = tick
+        self._renewals: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        tick_ms = self._tick * 1000
+        try:
+            while True:
+                await asyncio.sleep(self._tick)
+                now = self._now()
+                for attempt in list(self._attempts):
+                    if not attempt.forwarding or attempt.lost:
+                        continue
+                    if now + tick_ms >= attempt.lease_until:
+                        # It would lapse before the next look: stop the request while the
+                        # lease still holds, rather than let it run on unowned.
+                        self._lost(attempt, "lease_ran_out")
+                    elif (
+                        not attempt.renewing
+                        and now - attempt.renewed_at >= attempt.lane.lease_ms / 3
+                    ):
+                        attempt.renewing = True
+                        renewal = asyncio.create_task(self._renew(attempt, now))
+                        self._renewals.add(renewal)
+                        renewal.add_done_callback(self._renewals.discard)
+        finally:
+            for renewal in self._renewals:
+                renewal.cancel()
+
+    async def _renew(self, attempt: Attempt, now: int) -> None:
+        identity = attempt.identity
+        lease_until = now + attempt.lane.lease_ms
+        try:
+            if attempt.lane.plain:
+                renewed = await self._store.renew(
+                    identity.bot, identity.update_id, identity.attempt, lease_until, now=now
+                )
+            else:
+                renewed = await self._store.renew_owned(identity, lease_until, now=now)
+        except StoreError as error:
+            attempt.lane.meters.renewals["failed"].inc()
+            AttemptLog.of(log, attempt.identity).warning("renewal failed (%s); will retry", error)
+            return
+        finally:
+            attempt.renewing = False
+        if not attempt.forwarding or attempt.lost:
+            return  # the attempt ended meanwhile: a refusal now means nothing
+        attempt.lane.meters.renewals["renewed" if renewed else "refused"].inc()
+        if renewed:
+            attempt.lease_until = max(attempt.lease_until, lease_until)
+            attempt.renewed_at = now
+        else:
+            self._lost(attempt, "renewal_refused")

@@ -1,0 +1,91 @@
+"""What a downstream's answer means (SPEC section 6), and when to try again.
+
+2xx but 202: completed. 202: deferred, the downstream settles through the callback API.
+408, 425, 429, 3xx, 5xx, a connection error or a timeout: retry with backoff, honouring
+`Retry-After` within a cap. Any other 4xx: terminal.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+
+from app.config import BotSettings
+
+Kind = Literal["completed", "deferred", "retry", "terminal"]
+RETRYABLE_4XX = frozenset({408, 425, 429})
+MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One attempt's result, as the dispatcher acts on it."""
+
+    kind: Kind
+    error: str | None = None
+    retry_after: float | None = None  # seconds the downstream asked us to wait
+
+    @property
+    def downstream_failed(self) -> bool:
+        """Whether this counts against the downstream's health (the circuit breaker)."""
+        return self.kind == "retry"
+
+
+def classify(response: httpx.Response) -> Outcome:
+    status = response.status_code
+    if status == 202:
+        return Outcome("deferred")
+    if 200 <= status < 300:
+        return Outcome("completed")
+    error = f"HTTP {status}"
+    detail = _detail(response)
+    if detail:
+        error = f"{error}: {detail}"
+    if 400 <= status < 500 and status not in RETRYABLE_4XX:
+        return Outcome("terminal", error)
+    return Outcome("retry", error, retry_after(response.headers.get("retry-after")))
+
+
+def classify_error(error: httpx.HTTPError) -> Outcome:
+    """A request that got no response: always worth another attempt."""
+    kind = "timeout" if isinstance(error, httpx.TimeoutException) else "connection error"
+    return Outcome("retry", f"{kind}: {type(error).__name__}: {error}"[:MAX_ERROR_CHARS])
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        text = response.content.decode("utf-8", "replace").strip()
+    except httpx.ResponseNotRead:
+        return ""
+    return " ".join(text.split())[:MAX_ERROR_CHARS].replace("\x00", "")
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a `Retry-After` header (delta-seconds or an HTTP date); None if absent
+    or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def retry_delay_ms(bot: BotSettings, attempt: int, outcome: Outcome) -> int:
+    """How long to wait before the next attempt. `Retry-After` within its cap wins; otherwise
+    exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(attempt-1))]."""
+    if outcome.retry_after is not None:
+        return int(min(outcome.retry_after, bot.retry_after_cap_seconds) * 1000)
+    ceiling = min(bot.retry_cap_seconds, bot.retry_base_seconds * 2 ** min(attempt - 1, 60))
+    return int(random.random() * ceiling * 1000)  # noqa: S311 - jitter, not a secret

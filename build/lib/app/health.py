@@ -1,0 +1,62 @@
+"""The routes every process serves: /healthz, /readyz and /metrics. The service mounts them
+beside the intake and the API; `telegram-intake worker` serves them alone on
+INTAKE_WORKER_PORT. Each reads what it needs from `app.state`: settings, store, metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.api.deps import REFUSALS, Operations
+from app.config import Settings
+from app.metrics import CONTENT_TYPE, Metrics
+from app.store import SchemaError, SqlUpdateStore
+
+router = APIRouter(tags=["operations"])
+
+
+def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
+    """Refuse to serve a bot whose mode the live schema cannot carry."""
+    for bot in settings.bots:
+        store.require(bot.capability, f"bot {bot.name!r} in {bot.mode} mode")
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """The database answers and its schema serves every configured bot's mode."""
+    store: SqlUpdateStore = request.app.state.store
+    try:
+        async with store.engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+        check_capability(request.app.state.settings, store)
+    except SchemaError as error:
+        return JSONResponse({"status": "unavailable", "error": str(error)}, 503)
+    except (SQLAlchemyError, OSError) as error:
+        problem = f"database unreachable ({type(error).__name__})"
+        return JSONResponse({"status": "unavailable", "error": problem}, 503)
+    return JSONResponse({"status": "ready", "capability": store.capability})
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"},
+        **{status: REFUSALS[status] for status in (401, 403)},
+    },
+)
+async def metrics_text(request: Request, grant: Operations) -> Response:
+    """Prometheus metrics (docs/operations.md), for a key with the `operations` scope;
+    a key limited to some bots sees only their series. Database errors never fail it:
+    `telegram_intake_database_up` is 0 instead."""
+    metrics: Metrics = request.app.state.metrics
+    body = await metrics.exposition(grant.bots(None))
+    return Response(body, media_type=CONTENT_TYPE)

@@ -1,0 +1,1 @@
+"""The webhook intake: POST /telegram/{bot} records each update, then answers."""

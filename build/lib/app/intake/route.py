@@ -1,0 +1,176 @@
+"""POST /telegram/{bot}: the one route Telegram calls.
+
+Checks run in this order, and nothing invalid is ever stored:
+1. unknown bot, or a missing or wrong `X-Telegram-Bot-Api-Secret-Token` -> 403, the same for
+   both, decided before the body is read, the secret compared in constant time;
+2. a source outside the allowlist -> 403;
+3. a body over `max_body_bytes` (declared or streamed) -> 413;
+4. not UTF-8 JSON, not an object, or no non-negative integer `update_id` -> 400;
+5. otherwise the row is recorded (group commit) and 200 is sent after the commit; a
+   duplicate is 200 too and changes nothing; no commit confirmed in time -> 503 + Retry-After.
+
+Each answer is counted by bot and result, with its latency (`app.metrics`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from starlette.requests import ClientDisconnect
+
+from app.config import Settings
+from app.intake.committer import CommitFailed, GroupCommitter
+from app.intake.sources import client_address, source_allowed
+from app.intake.updates import classify
+from app.metrics import UNKNOWN_BOT, IntakeMeters, IntakeResult, Metrics
+from app.store import NewUpdate
+from app.store.validate import MAX_BIGINT
+
+log = logging.getLogger(__name__)
+SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
+JSON = "application/json"
+OK = Response(b'{"ok":true}', 200, media_type=JSON)
+FORBIDDEN = Response(b'{"error":"forbidden"}', 403, media_type=JSON)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = json.dumps({"error": message}).encode()
+    return Response(body, status, headers=headers, media_type=JSON)
+
+
+class Intake:
+    """The webhook intake for the configured bots."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        committer: GroupCommitter,
+        clock: Callable[[], int] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._settings = settings
+        self._committer = committer
+        # Epoch ms for received_at: the database's clock when the process has one, so that
+        # rows from every intake host fall due by the same clock as the leases.
+        self._now = clock or (lambda: time.time_ns() // 1_000_000)
+        self._secrets = {
+            bot.name: bot.secret_token.get_secret_value().encode() for bot in settings.bots
+        }
+        # Compared against for unknown bots, so they take as long as wrong secrets.
+        self._decoy = b"\0" * 32
+        metrics = metrics or Metrics.of(settings)
+        self._meters = {bot.name: metrics.intake(bot.name) for bot in settings.bots}
+        self._unknown: IntakeMeters = metrics.intake(UNKNOWN_BOT)
+        self._too_large = _error(413, f"body over {settings.max_body_bytes} bytes")
+        self._unavailable = _error(
+            503,
+            "the update could not be recorded; Telegram will deliver it again",
+            {"Retry-After": str(settings.retry_after_seconds)},
+        )
+
+    async def receive(self, bot: str, request: Request) -> Response:
+        started = time.perf_counter()
+        result, response = await self._receive(bot, request)
+        self._meters.get(bot, self._unknown).answered(result, time.perf_counter() - started)
+        return response
+
+    async def _receive(self, bot: str, request: Request) -> tuple[IntakeResult, Response]:
+        received_at = self._now()
+        expected = self._secrets.get(bot)
+        given = request.headers.get(SECRET_HEADER, "").encode()
+        secret_ok = hmac.compare_digest(given, expected or self._decoy)
+        if expected is None or not secret_ok:
+            return "forbidden", FORBIDDEN
+        settings = self._settings
+        if settings.allowed_sources:
+            peer = request.client.host if request.client else None
+            # Every X-Forwarded-For line: some proxies add a line rather than append to one.
+            forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
+            source = client_address(peer, forwarded, settings.trusted_proxies)
+            if not source_allowed(source, settings.allowed_sources):
+                return "source_refused", FORBIDDEN
+        try:
+            body = await self._read_body(request)
+        except ClientDisconnect:
+            return "disconnected", _error(400, "the client went away before the body was read")
+        if body is None:
+            return "too_large", self._too_large
+        text, update, problem = _parse(body)
+        if update is None:
+            return "invalid", _error(400, problem)
+        update_type, queue_key = classify(update)
+        row = NewUpdate(bot, update["update_id"], text, received_at, update_type, queue_key)
+        try:
+            new = await self._committer.submit(row)
+        except CommitFailed:
+            return "unavailable", self._unavailable
+        if log.isEnabledFor(logging.DEBUG):
+            state = "recorded" if new else "a duplicate, already recorded"
+            log.debug("%s:%d: %s (%s, queue %s)", bot, row.update_id, state, update_type, queue_key)
+        return ("accepted" if new else "duplicate"), OK
+
+    async def _read_body(self, request: Request) -> bytes | None:
+        """The body, or None when it is over the limit (declared or as it streams in)."""
+        limit = self._settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return None
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _not_json(constant: str) -> Any:
+    """NaN and Infinity: Python's json reads them, JSON (and Telegram) has no such thing."""
+    raise ValueError(f"{constant} is not JSON")
+
+
+# Built once: json.loads with any option builds a decoder on every call.
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
+def _parse(body: bytes) -> tuple[str, dict[str, Any] | None, str]:
+    """The body as text and the update object; or None and what is wrong with it."""
+    try:
+        text = body.decode("utf-8")
+        update = _DECODER.decode(text)
+    except UnicodeDecodeError:
+        return "", None, "body is not UTF-8"
+    except (ValueError, RecursionError):
+        return "", None, "body is not JSON"
+    if not isinstance(update, dict):
+        return "", None, "body is not a JSON object"
+    update_id = update.get("update_id")
+    if type(update_id) is not int or not 0 <= update_id <= MAX_BIGINT:
+        return "", None, "update_id must be an integer from 0 to 2**63-1"
+    return text, update, ""
+
+
+router = APIRouter()
+
+
+@router.post(
+    "/telegram/{bot}",
+    tags=["intake"],
+    summary="Receive one update from Telegram",
+    responses={
+        200: {"description": "Recorded (or already recorded): committed before this answer"},
+        400: {"description": "Not a Telegram update"},
+        403: {"description": "Unknown bot, wrong secret token, or source not allowed"},
+        413: {"description": "Body over max_body_bytes"},
+        503: {"description": "Not recorded; Telegram retries after Retry-After"},
+    },
+)
+async def receive_update(bot: str, request: Request) -> Response:
+    intake: Intake = request.app.state.intake
+    return await intake.receive(bot, request)

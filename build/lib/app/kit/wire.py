@@ -1,0 +1,143 @@
+"""The callback API's messages (SPEC section 5), shared by the service and the downstream kit.
+
+One definition of each request and answer: the service validates with these models and its
+OpenAPI document is generated from them; the kit's client sends and parses the same models.
+Pydantic only: importable by a downstream that has none of the server's dependencies.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+# The store's rules for these fields (app.store.validate), as constraints a client can read.
+BOT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+MAX_BIGINT = 2**63 - 1
+MAX_INTEGER = 2**31 - 1
+MAX_ERROR_LENGTH = 2_000
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold a NUL character
+
+BotName = Annotated[str, Field(pattern=BOT_PATTERN, examples=["default"])]
+UpdateId = Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT, examples=[123456789])]
+EpochMillis = Annotated[StrictInt, Field(description="epoch milliseconds")]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Problem(Message):
+    """What every refusal answers."""
+
+    error: str
+
+
+class Identity(Message):
+    """One attempt: what `X-Intake-Bot`, `-Update-Id`, `-Attempt` and `-Claim-Id` carried."""
+
+    bot: BotName
+    update_id: UpdateId
+    attempt: Annotated[StrictInt, Field(ge=1, le=MAX_INTEGER, examples=[1])]
+    claim_id: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=64,
+            pattern=NO_NUL,
+            examples=["0f9c3e9e-8a53-4c39-9d5e-2d6f3c1b7a10"],
+            description="opaque; compared exactly",
+        ),
+    ]
+
+    def key(self) -> str:
+        """`bot:update_id`, the idempotency key of the update's effects."""
+        return f"{self.bot}:{self.update_id}"
+
+
+class Owned(Message):
+    owned: bool
+    lease_expires_at: EpochMillis | None = Field(
+        description="when the answer stops holding, by the database clock; null if not owned"
+    )
+
+
+class RenewRequest(Identity):
+    lease_ms: Annotated[StrictInt, Field(ge=1, le=86_400_000)] | None = Field(
+        None, description="the new lease, from now; default the bot's lease_seconds"
+    )
+
+
+class Renewed(Message):
+    renewed: bool
+    lease_expires_at: EpochMillis | None
+
+
+Outcome = Literal["completed", "failed", "exhausted"]
+
+
+class SettleRequest(Identity):
+    outcome: Outcome
+    error: (
+        Annotated[str, Field(min_length=1, max_length=MAX_ERROR_LENGTH, pattern=NO_NUL)] | None
+    ) = None
+    retry_after_ms: Annotated[StrictInt, Field(ge=0, le=7 * 86_400_000)] | None = Field(
+        None, description="failed only: when to retry (capped by the bot's retry_after_cap)"
+    )
+
+    @model_validator(mode="after")
+    def _retry_only_when_failed(self) -> SettleRequest:
+        if self.retry_after_ms is not None and self.outcome != "failed":
+            raise ValueError("retry_after_ms is for outcome 'failed' only")
+        if self.error is not None and self.outcome == "completed":
+            raise ValueError("error is for outcomes 'failed' and 'exhausted' only")
+        return self
+
+
+class Settled(Message):
+    settled: bool
+
+
+class Acknowledged(Message):
+    acknowledged: bool
+
+
+class ExhaustionItem(Identity):
+    error: str | None
+    exhausted_at: EpochMillis
+    update: str = Field(description="the raw update, as Telegram sent it")
+
+
+class ExhaustionPage(Message):
+    items: list[ExhaustionItem]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class UpdateView(Message):
+    bot: BotName
+    update_id: UpdateId
+    state: Literal["pending", "processing", "completed", "failed", "abandoned"]
+    attempts: int
+    update_type: str | None
+    queue_key: str | None
+    received_at: EpochMillis
+    due_at: EpochMillis
+    settled_at: EpochMillis | None
+    error: str | None
+    claim_id: str | None
+    exhausted_at: EpochMillis | None
+    acknowledged_at: EpochMillis | None
+
+
+class BotCounts(Message):
+    bot: BotName
+    states: dict[str, int]
+    oldest_undelivered_age_ms: int | None = Field(
+        description="age of the oldest pending, processing or failed row"
+    )
+    unacknowledged_exhaustions: int | None
+
+
+class Stats(Message):
+    at: EpochMillis
+    bots: list[BotCounts]

@@ -1,0 +1,117 @@
+"""The application: an app factory whose lifespan opens the store and starts the intake
+(and, for `telegram-intake run`, the workers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+from starlette.types import ASGIApp
+
+from app import __version__, api, health
+from app.api import Keys, Services
+from app.config import Settings
+from app.dispatch import Dispatcher, running_dispatcher
+from app.dispatch.clock import DatabaseClock
+from app.health import check_capability
+from app.heap import freeze_after_startup
+from app.intake.committer import GroupCommitter
+from app.intake.route import Intake
+from app.intake.route import router as intake_router
+from app.metrics import Metrics
+from app.store import open_store
+
+
+def server_config(app: FastAPI, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    """How uvicorn serves the app, for the command line and the tests alike."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        log_config=None,  # our handler (app.logs) formats uvicorn's lines too
+        access_log=False,
+        lifespan="on",
+        # The intake reads X-Forwarded-For itself, and only from INTAKE_TRUSTED_PROXIES.
+        proxy_headers=False,
+    )
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    workers: bool = False,
+    transport: httpx.AsyncBaseTransport | None = None,
+    mounts: Mapping[str, ASGIApp] | None = None,
+    metrics: Metrics | None = None,
+) -> FastAPI:
+    """Assemble the service: the intake, and with `workers` the dispatcher in this process
+    (`telegram-intake run`). The store opens when the app starts and closes when it stops."""
+    settings = settings or Settings()
+    metrics = metrics or Metrics.of(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            store = await open_store(settings.database_url, table=settings.table)
+            stack.push_async_callback(store.close)
+            check_capability(settings, store)
+            dispatcher: Dispatcher | None = None
+            if workers:
+                dispatcher = await stack.enter_async_context(
+                    running_dispatcher(store, settings, transport, metrics)
+                )
+                clock = dispatcher.clock
+            else:
+                clock = DatabaseClock(store)
+                await clock.sync()
+                resync = asyncio.create_task(clock.run())
+                stack.callback(resync.cancel)
+
+            committer = GroupCommitter(
+                store,
+                max_batch=settings.commit_batch_max,
+                max_wait=settings.commit_wait_ms / 1000,
+                timeout=settings.commit_timeout_ms / 1000,
+                # Workers in other processes hear of new rows from the commit itself.
+                on_added=None if dispatcher is None else dispatcher.wake,
+            )
+            await committer.start()
+            stack.push_async_callback(committer.stop)
+            app.state.store = store
+            app.state.dispatcher = dispatcher
+            app.state.intake = Intake(settings, committer, clock.now, metrics)
+            metrics.database.watch(store, clock.now)
+            stack.push_async_callback(metrics.database.unwatch)
+
+            async def wake() -> None:
+                if dispatcher is not None:
+                    dispatcher.wake()
+                await store.announce()  # workers in other processes
+
+            app.state.services = Services(settings, store, clock.now, wake)
+            freeze_after_startup()
+            yield
+
+    app = FastAPI(
+        title="telegram-intake",
+        version=__version__,
+        lifespan=lifespan,
+        description="Durable webhook intake for Telegram bots: `POST /telegram/{bot}` records "
+        "each update before its 200; workers forward it downstream under a fenced claim; the "
+        "`/v1` API lets the downstream check and settle its claim, and operators follow it.",
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.api_keys = Keys(settings.api_keys)
+    app.include_router(intake_router)
+    app.include_router(health.router)
+    api.install(app)
+    for path, mounted in (mounts or {}).items():
+        app.mount(path, mounted)
+
+    return app

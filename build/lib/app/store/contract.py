@@ -1,0 +1,177 @@
+"""The store contract: three capability levels, each a typing Protocol.
+
+A store declares the highest level it meets in `capability`. Times are integer epoch
+milliseconds passed in by the caller, so every rule is testable without a clock.
+
+- base (`UpdateStore`): revision 0001 columns only, fenced by attempt number.
+- fenced (`FencedUpdateStore`): every transition compares the full `ClaimIdentity`.
+- durable (`DurableUpdateStore`): a terminal failure stays until its exact acknowledgement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.store.types import (
+    Capability,
+    Claimed,
+    ClaimIdentity,
+    DueUpdate,
+    Exhaustion,
+    Ordering,
+    Settlement,
+)
+
+
+@runtime_checkable
+class UpdateStore(Protocol):
+    """Base level: record, claim, renew, settle, list due rows and prune."""
+
+    @property
+    def capability(self) -> Capability:
+        """ "base", "fenced" or "durable": the highest level the live schema serves."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; the store is unusable afterwards."""
+        ...
+
+    async def add(
+        self,
+        bot: str,
+        update_id: int,
+        body: str,
+        received_at: int,
+        *,
+        update_type: str | None = None,
+        queue_key: str | None = None,
+    ) -> bool:
+        """Record a new update as pending; False and no change when the key exists in any state."""
+        ...
+
+    async def claim(
+        self,
+        bot: str,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> int | None:
+        """Lease a claimable row until `lease_until`; the new attempt number.
+
+        Claimable: pending; failed with `due_at <= now` (a retry is due at its time); processing
+        with `due_at < now` (a lease is live at exactly `due_at`). None when the row is absent,
+        leased, settled, or its attempts are spent; a spent row becomes `abandoned` with error
+        'attempts spent' (an unacknowledged exhaustion with `durable_exhaustion`)."""
+        ...
+
+    async def renew(
+        self, bot: str, update_id: int, attempt: int, lease_until: int, now: int | None = None
+    ) -> bool:
+        """Extend the lease held by `attempt`; never shortens it. With `now`, a lapsed lease
+        (`due_at < now`) is not revived. True when `attempt` holds the row."""
+        ...
+
+    async def settle(self, bot: str, update_id: int, attempt: int, settlement: Settlement) -> None:
+        """Apply the settlement, only if `attempt` holds a live lease at `settlement.at`."""
+        ...
+
+    async def due(
+        self,
+        *,
+        now: int,
+        pending_before: int,
+        limit: int,
+        bots: Sequence[str] | None = None,
+    ) -> list[DueUpdate]:
+        """Pending rows received at or before `pending_before` and claimable non-pending rows,
+        in `(bot, update_id)` order, at most `limit`; only these `bots` when given."""
+        ...
+
+    async def prune(self, before: int) -> int:
+        """Delete completed and abandoned rows with `settled_at < before`; the count deleted.
+        Unacknowledged exhaustions have no `settled_at` and are never pruned."""
+        ...
+
+
+@runtime_checkable
+class FencedUpdateStore(UpdateStore, Protocol):
+    """Fenced level (revision 0002): each claim persists a fresh `claim_id`."""
+
+    async def claim_owned(
+        self,
+        bot: str,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> ClaimIdentity | None:
+        """`claim`, returning the full identity of the new attempt."""
+        ...
+
+    async def claim_next_owned(
+        self,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        limit: int,
+        ordering: Ordering = "chat",
+        bots: Sequence[str] | None = None,
+        durable_exhaustion: bool = False,
+    ) -> list[Claimed]:
+        """Claim up to `limit` due rows in one statement, oldest `due_at` first; concurrent
+        callers never take the same row. A pending row is due from its `received_at`. With
+        ordering "chat" only the oldest non-terminal row of each `(bot, queue_key)` is eligible.
+        Spent rows met on the way are ended as `claim` ends them and not returned."""
+        ...
+
+    async def renew_owned(
+        self, identity: ClaimIdentity, lease_until: int, now: int | None = None
+    ) -> bool:
+        """`renew` for the exact identity."""
+        ...
+
+    async def owns(
+        self, identity: ClaimIdentity, at: int, *, connection: AsyncConnection | None = None
+    ) -> bool:
+        """The write authority: True when `identity` holds a live lease at `at` (live at exactly
+        `due_at`). Given the caller's open transaction it runs inside it and, on PostgreSQL,
+        locks the row until that transaction ends, so no reclaim passes before its commit."""
+        ...
+
+    async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
+        """Apply the settlement if `identity` holds a live lease at `settlement.at`; False
+        (and no change) otherwise: the caller lost ownership."""
+        ...
+
+
+@runtime_checkable
+class DurableUpdateStore(FencedUpdateStore, Protocol):
+    """Durable level (revision 0002): exhaustions survive until exactly acknowledged."""
+
+    async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
+        """Turn the exact live claim into an unacknowledged exhaustion keeping `error`."""
+        ...
+
+    async def due_exhaustions(
+        self,
+        *,
+        limit: int,
+        after: tuple[str, int] | None = None,
+        bots: Sequence[str] | None = None,
+    ) -> list[Exhaustion]:
+        """Unacknowledged exhaustions after the cursor `(bot, update_id)`, in key order."""
+        ...
+
+    async def acknowledge_exhaustion(self, identity: ClaimIdentity, at: int) -> bool:
+        """Acknowledge the exhaustion with exactly this identity; it becomes prunable, settled
+        at `at`. False for any other identity or a row that is not an open exhaustion."""
+        ...

@@ -1,0 +1,72 @@
+"""Same-database fencing for a downstream that uses SQLAlchemy (ADR 0256 decision 3).
+
+`owns` is the write authority: check it inside the transaction of the domain write, on the
+caller's own connection, so no reclaim can pass between the check and the commit.
+
+- PostgreSQL: `telegram_intake_owns(bot, update_id, attempt, claim_id)` (revision 0002) locks
+  the row `FOR UPDATE` and compares against the database clock. A rival's `claim_owned`
+  waits for the caller's commit; `claim_next_owned` skips the row until then.
+- SQLite: one writer at a time. The check is a no-op write of the identity's leased row, so
+  the caller's transaction holds the write lock from the check to its commit; a reclaim
+  waits. The lease is compared with the clock read once the statement has the lock: time
+  spent waiting for it counts against the lease, as in the PostgreSQL function.
+
+    async with engine.begin() as connection:
+        if not await owns_in_transaction(connection, identity):
+            return  # another attempt owns the update now: write nothing
+        await connection.execute(insert(effects).values(...))
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import Connection, Select, Update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.store import queries, validate
+from app.store.schema import DEFAULT_TABLE, make_table, owns_function_name
+from app.store.types import ClaimIdentity
+
+
+def _statement(dialect: str, identity: ClaimIdentity, table: str) -> Select[Any] | Update:
+    validate.table_name(table)
+    identity = ClaimIdentity(
+        validate.bot_name(identity.bot),
+        validate.update_id(identity.update_id),
+        validate.attempts("attempt", identity.attempt),
+        validate.text("claim_id", identity.claim_id),
+    )
+    if dialect == "postgresql":
+        return queries.owns_function(owns_function_name(table), identity)
+    if dialect == "sqlite":
+        return queries.hold_owned(make_table(table), identity=identity)
+    raise ValueError(f"fencing needs PostgreSQL or SQLite, not {dialect}")
+
+
+def _owned(row: Any, dialect: str) -> bool:
+    if dialect == "postgresql":
+        return row is not None and row[0] is True
+    # SQLite: the clock is read after the statement took the write lock, not before it may
+    # have waited for it. The database file is on this host: its clock is ours. A lease is
+    # live at exactly due_at.
+    return row is not None and row[0] >= time.time_ns() // 1_000_000
+
+
+async def owns_in_transaction(
+    connection: AsyncConnection, identity: ClaimIdentity, *, table: str = DEFAULT_TABLE
+) -> bool:
+    """Whether `identity` owns its update now; the answer holds until `connection`'s
+    transaction ends. Call it first in the transaction of the domain write."""
+    dialect = connection.dialect.name
+    result = await connection.execute(_statement(dialect, identity, table))
+    return _owned(result.first(), dialect)
+
+
+def owns_in_transaction_sync(
+    connection: Connection, identity: ClaimIdentity, *, table: str = DEFAULT_TABLE
+) -> bool:
+    """`owns_in_transaction` for a synchronous SQLAlchemy connection."""
+    dialect = connection.dialect.name
+    return _owned(connection.execute(_statement(dialect, identity, table)).first(), dialect)

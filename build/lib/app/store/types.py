@@ -1,0 +1,158 @@
+"""The values that cross the store boundary: identities, settlements and rows.
+
+All are frozen dataclasses; times are integer epoch milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from app.store import validate
+
+State = Literal["pending", "processing", "completed", "failed", "abandoned"]
+STATES: tuple[State, ...] = ("pending", "processing", "completed", "failed", "abandoned")
+Capability = Literal["base", "fenced", "durable"]
+Ordering = Literal["chat", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimIdentity:
+    """One attempt at one update. Every fenced transition compares all four fields."""
+
+    bot: str
+    update_id: int
+    attempt: int
+    claim_id: str
+
+    def __post_init__(self) -> None:
+        validate.bot_name(self.bot)
+        validate.update_id(self.update_id)
+        validate.attempts("attempt", self.attempt)
+        if not isinstance(self.claim_id, str) or not self.claim_id:
+            raise ValueError(f"claim_id {self.claim_id!r} is not a non-empty string")
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The attempt delivered the update."""
+
+    at: int
+
+    def __post_init__(self) -> None:
+        validate.millis("at", self.at)
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The attempt failed; the update is due again at `retry_at`."""
+
+    at: int
+    retry_at: int
+    error: str
+
+    def __post_init__(self) -> None:
+        validate.millis("at", self.at)
+        validate.millis("retry_at", self.retry_at)
+        validate.text("error", self.error)
+        if self.retry_at < self.at:
+            raise ValueError(f"retry_at {self.retry_at} is before at {self.at}")
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned:
+    """The attempt gave up on the update for good (not a durable exhaustion)."""
+
+    at: int
+    error: str
+
+    def __post_init__(self) -> None:
+        validate.millis("at", self.at)
+        validate.text("error", self.error)
+
+
+Settlement = Completed | Failed | Abandoned
+
+
+@dataclass(frozen=True, slots=True)
+class DueUpdate:
+    """A row that a claim would take now (with what a worker needs to judge its deadline)."""
+
+    bot: str
+    update_id: int
+    body: str
+    update_type: str | None = None
+    received_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A row taken by `claim_next_owned`, with the identity that now holds it."""
+
+    identity: ClaimIdentity
+    body: str
+    update_type: str | None
+    queue_key: str | None
+    received_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Exhaustion:
+    """A terminal failure kept until its exact acknowledgement."""
+
+    identity: ClaimIdentity
+    body: str
+    error: str | None
+    exhausted_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredUpdate:
+    """One row as it stands, for operators (`get_update`). The revision 0002 fields are None
+    on a base table. `due_at` is the lease's end while processing, the retry time while
+    failed, the receipt while pending, the settlement time once terminal."""
+
+    bot: str
+    update_id: int
+    state: State
+    attempts: int
+    update_type: str | None
+    queue_key: str | None
+    received_at: int
+    due_at: int
+    settled_at: int | None
+    error: str | None
+    claim_id: str | None
+    exhausted_at: int | None
+    acknowledged_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BotStats:
+    """One bot's rows by state (`stats`): how many, the oldest undelivered receipt (pending,
+    processing or failed rows), and its open exhaustions (None on a base table)."""
+
+    bot: str
+    states: dict[State, int]
+    oldest_undelivered_at: int | None
+    unacknowledged_exhaustions: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewUpdate:
+    """One row for `add_many`, the batched form of `add` used by the intake's group commit."""
+
+    bot: str
+    update_id: int
+    body: str
+    received_at: int
+    update_type: str | None = None
+    queue_key: str | None = None
+
+    def __post_init__(self) -> None:
+        validate.bot_name(self.bot)
+        validate.update_id(self.update_id)
+        validate.body(self.body)
+        validate.millis("received_at", self.received_at)
+        validate.optional_text("update_type", self.update_type)
+        validate.optional_text("queue_key", self.queue_key)
