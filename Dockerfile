@@ -27,9 +27,9 @@ RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))
  && pip install -r requirements.txt
 
 # The project itself as a wheel, installed with --target into /app, where alembic.ini and
-# alembic/ are copied below: app/store/migrate.py (`telegram-intake migrate`, and `run` on
-# SQLite) looks for them in the directory above the `app` package. Installed into the venv's
-# site-packages instead, it would look for site-packages/alembic and find the Alembic library.
+# alembic/ are copied below, so that `alembic upgrade head` works from /app as from a
+# checkout. (`telegram-intake migrate` needs neither: the wheel carries the migrations as
+# app.migrations.)
 COPY README.md ./
 COPY app ./app
 RUN pip wheel --no-deps --wheel-dir /dist . \
