@@ -1,5 +1,0 @@
-import sys
-
-from app.cli import main
-
-sys.exit(main())

@@ -1,1 +1,0 @@
-"""The webhook intake: POST /telegram/{bot} records each update, then answers."""
