@@ -163,6 +163,7 @@ def _demo_downstream(settings: Settings, args: argparse.Namespace) -> int:
     if key is None:
         print(f"no API key with the callback scope for bot {bot.name!r}", file=sys.stderr)
         return 2
+    host = args.host or settings.host
     app = demo_downstream(
         intake_url=args.intake_url,
         api_key=key.key.get_secret_value(),
@@ -171,7 +172,7 @@ def _demo_downstream(settings: Settings, args: argparse.Namespace) -> int:
     )
     from app.main import server_config
 
-    server = uvicorn.Server(server_config(app, host=args.host, port=args.port))  # type: ignore[arg-type]
+    server = uvicorn.Server(server_config(app, host=host, port=args.port))  # type: ignore[arg-type]
     server.run()
     return 0 if server.started else 1
 
@@ -219,7 +220,7 @@ def add_commands(commands: Commands) -> None:
         "INTAKE_API_KEYS key. Example: telegram-intake demo-downstream --port 8081 "
         "--intake-url http://127.0.0.1:8080",
     )
-    demo_command.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    demo_command.add_argument("--host", help="address to listen on (default: INTAKE_HOST)")
     demo_command.add_argument("--port", type=int, default=8081, help="default: 8081")
     demo_command.add_argument(
         "--intake-url", default="http://127.0.0.1:8080", help="the service, for callbacks"
