@@ -1,0 +1,361 @@
+"""A model-based test of the durable store: hypothesis drives random sequences of transitions
+against the real store (SQLite and PostgreSQL) and a small pure-Python model of SPEC sections 2
+and 4, and compares every answer and every row after every step.
+
+Identities come from a bundle of those the store returned, so stale identities (an earlier
+attempt, or an attempt at a key since pruned and recorded again) are reused after re-claims;
+a few are forged (one field changed). A stale or forged identity must never write.
+
+Hypothesis state machines and pytest's async fixtures mix badly, so the synchronous rules run
+the async store on one event loop the test owns. Times are passed explicitly from a model
+clock; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from app.store import Abandoned, ClaimIdentity, Completed, Failed, SqlUpdateStore, open_store
+from tests.conftest import Storage
+
+T = TypeVar("T")
+
+BOTS = ("alpha", "beta")
+UPDATE_IDS = (1, 2, 3)
+KEYS = [(bot, update_id) for bot in BOTS for update_id in UPDATE_IDS]
+SPENT = "attempts spent"
+START = 1_000
+
+bots = st.sampled_from(BOTS)
+update_ids = st.sampled_from(UPDATE_IDS)
+offsets = st.integers(-3, 3)  # a transition's `at` around the model clock
+forgeries = st.sampled_from((None,) * 6 + ("attempt", "claim_id", "update_id", "bot"))
+
+
+@dataclasses.dataclass
+class Row:
+    """The model of one row: the columns the store rules touch."""
+
+    received_at: int
+    state: str = "pending"
+    attempts: int = 0
+    due_at: int = 0
+    claim_id: str | None = None
+    settled_at: int | None = None
+    error: str | None = None
+    exhausted_at: int | None = None
+    acknowledged_at: int | None = None
+
+    def __post_init__(self) -> None:
+        self.due_at = self.received_at
+
+    def holds(self, identity: ClaimIdentity) -> bool:
+        return self.attempts == identity.attempt and self.claim_id == identity.claim_id
+
+    def live(self, identity: ClaimIdentity, at: int) -> bool:
+        """The exact live claim: live at exactly due_at."""
+        return self.holds(identity) and self.state == "processing" and self.due_at >= at
+
+    def open_exhaustion(self) -> bool:
+        return self.exhausted_at is not None and self.acknowledged_at is None
+
+    def claimable(self, now: int) -> bool:
+        return (
+            self.state == "pending"
+            or (self.state == "processing" and self.due_at < now)
+            or (self.state == "failed" and self.due_at <= now)
+        )
+
+
+def forge(identity: ClaimIdentity, field: str | None) -> ClaimIdentity:
+    """The identity with one field changed (or as it is, for None)."""
+    match field:
+        case "attempt":
+            attempt = identity.attempt + 1 if identity.attempt == 1 else identity.attempt - 1
+            return dataclasses.replace(identity, attempt=attempt)
+        case "claim_id":
+            return dataclasses.replace(identity, claim_id=str(uuid.uuid4()))
+        case "update_id":
+            return dataclasses.replace(identity, update_id=identity.update_id % 3 + 1)
+        case "bot":
+            other = BOTS[1] if identity.bot == BOTS[0] else BOTS[0]
+            return dataclasses.replace(identity, bot=other)
+    return identity
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """The real store against the model; subclassed per test with `loop` and `url` set."""
+
+    loop: asyncio.AbstractEventLoop
+    url: str
+
+    identities = Bundle("identities")
+    exhausted = Bundle("exhausted")  # identities that exhaust() ended: acknowledgements aim here
+    keys = Bundle("keys")  # keys once recorded (maybe since pruned): claims aim at these
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = START
+        self.model: dict[tuple[str, int], Row] = {}
+        self.store: SqlUpdateStore = self.run(open_store(self.url))
+        assert self.store.capability == "durable"
+        self.run(self._clear())
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coroutine)
+
+    async def _clear(self) -> None:
+        async with self.store.engine.begin() as connection:
+            await connection.execute(self.store.table.delete())
+
+    def teardown(self) -> None:
+        self.run(self.store.close())
+
+    # -- the clock ---------------------------------------------------------------------------
+
+    @rule(step=st.integers(0, 6))
+    def advance(self, step: int) -> None:
+        self.clock += step
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    @rule(target=keys, bot=bots, update_id=update_ids, back=st.integers(0, 5))
+    def add(self, bot: str, update_id: int, back: int) -> Any:
+        received_at = self.clock - back
+        added = self.run(self.store.add(bot, update_id, f'{{"n":{update_id}}}', received_at))
+        key = (bot, update_id)
+        expected = key not in self.model
+        assert added == expected
+        if not expected:
+            return multiple()
+        self.model[key] = Row(received_at=received_at)
+        return multiple(key)
+
+    @rule(
+        target=identities,
+        key=keys,
+        lease=st.integers(1, 10),
+        max_attempts=st.integers(1, 3),
+        durable=st.booleans(),
+    )
+    def claim_owned(
+        self, key: tuple[str, int], lease: int, max_attempts: int, durable: bool
+    ) -> Any:
+        bot, update_id = key
+        now = self.clock
+        identity = self.run(
+            self.store.claim_owned(
+                bot,
+                update_id,
+                now=now,
+                lease_until=now + lease,
+                max_attempts=max_attempts,
+                durable_exhaustion=durable,
+            )
+        )
+        row = self.model.get((bot, update_id))
+        if row is None or not row.claimable(now):
+            assert identity is None
+            return multiple()
+        if row.attempts < max_attempts:
+            assert identity is not None
+            assert (identity.bot, identity.update_id) == (bot, update_id)
+            assert identity.attempt == row.attempts + 1
+            assert identity.claim_id != row.claim_id  # a fresh claim_id for every claim
+            row.state, row.attempts, row.due_at = "processing", identity.attempt, now + lease
+            row.claim_id, row.settled_at = identity.claim_id, None
+            return multiple(identity)
+        # Spent: ended, no identity returned; a durable end keeps the last attempt's identity.
+        assert identity is None
+        assert row.claim_id is not None  # only a claimed row can be spent (max_attempts >= 1)
+        row.state, row.due_at, row.error = "abandoned", now, SPENT
+        if durable:
+            row.settled_at, row.exhausted_at = None, now
+        else:
+            row.settled_at = now
+        return multiple()
+
+    @rule(
+        identity=identities,
+        field=forgeries,
+        extend=st.integers(-5, 10),
+        with_now=st.booleans(),
+        offset=offsets,
+    )
+    def renew_owned(
+        self, identity: ClaimIdentity, field: str | None, extend: int, with_now: bool, offset: int
+    ) -> None:
+        identity = forge(identity, field)
+        lease_until = self.clock + extend
+        now = self.clock + offset if with_now else None
+        renewed = self.run(self.store.renew_owned(identity, lease_until, now))
+        row = self.model.get((identity.bot, identity.update_id))
+        expected = (
+            row is not None
+            and row.holds(identity)
+            and row.state == "processing"
+            and (now is None or row.due_at >= now)
+        )
+        assert renewed == expected
+        if expected:
+            assert row is not None
+            row.due_at = max(row.due_at, lease_until)  # never shortens
+
+    @rule(identity=identities, field=forgeries, offset=offsets)
+    def owns(self, identity: ClaimIdentity, field: str | None, offset: int) -> None:
+        identity = forge(identity, field)
+        at = self.clock + offset
+        owned = self.run(self.store.owns(identity, at))
+        row = self.model.get((identity.bot, identity.update_id))
+        assert owned == (row is not None and row.live(identity, at))
+
+    @rule(
+        identity=identities,
+        field=forgeries,
+        kind=st.sampled_from(("completed", "failed", "abandoned")),
+        offset=offsets,
+        retry=st.integers(0, 10),
+    )
+    def settle_owned(
+        self, identity: ClaimIdentity, field: str | None, kind: str, offset: int, retry: int
+    ) -> None:
+        identity = forge(identity, field)
+        at = self.clock + offset
+        settlement = {
+            "completed": Completed(at),
+            "failed": Failed(at, at + retry, "boom"),
+            "abandoned": Abandoned(at, "gave up"),
+        }[kind]
+        settled = self.run(self.store.settle_owned(identity, settlement))
+        row = self.model.get((identity.bot, identity.update_id))
+        expected = row is not None and row.live(identity, at)
+        assert settled == expected
+        if not expected:
+            return
+        assert row is not None
+        match settlement:
+            case Completed():
+                row.state, row.settled_at, row.due_at, row.error = "completed", at, at, None
+            case Failed(retry_at=retry_at, error=error):
+                row.state, row.settled_at, row.due_at, row.error = "failed", None, retry_at, error
+            case Abandoned(error=error):
+                row.state, row.settled_at, row.due_at, row.error = "abandoned", at, at, error
+
+    @rule(target=exhausted, identity=identities, field=forgeries, offset=offsets)
+    def exhaust(self, identity: ClaimIdentity, field: str | None, offset: int) -> Any:
+        identity = forge(identity, field)
+        at = self.clock + offset
+        exhausted = self.run(self.store.exhaust(identity, at, "exhausted"))
+        row = self.model.get((identity.bot, identity.update_id))
+        expected = row is not None and row.live(identity, at)
+        assert exhausted == expected
+        if not expected:
+            return multiple()
+        assert row is not None
+        row.state, row.exhausted_at, row.due_at = "abandoned", at, at
+        row.settled_at, row.error = None, "exhausted"
+        return multiple(identity)
+
+    @rule(identity=st.one_of(exhausted, identities), field=forgeries, offset=offsets)
+    def acknowledge_exhaustion(
+        self, identity: ClaimIdentity, field: str | None, offset: int
+    ) -> None:
+        identity = forge(identity, field)
+        at = self.clock + offset
+        acknowledged = self.run(self.store.acknowledge_exhaustion(identity, at))
+        row = self.model.get((identity.bot, identity.update_id))
+        expected = row is not None and row.holds(identity) and row.open_exhaustion()
+        assert acknowledged == expected
+        if expected:
+            assert row is not None
+            row.acknowledged_at, row.settled_at, row.due_at = at, at, at
+
+    @precondition(lambda self: any(row.open_exhaustion() for row in self.model.values()))
+    @rule(pick=st.integers(0, 5), field=forgeries, offset=offsets)
+    def acknowledge_listed(self, pick: int, field: str | None, offset: int) -> None:
+        """The recovery path: acknowledge an exhaustion that `due_exhaustions` lists."""
+        listed = self.run(self.store.due_exhaustions(limit=100))
+        assert listed  # the invariant compares the list with the model
+        self.acknowledge_exhaustion(listed[pick % len(listed)].identity, field, offset)
+
+    @rule(back=st.integers(-5, 5))
+    def prune(self, back: int) -> None:
+        before = self.clock - back
+        pruned = self.run(self.store.prune(before))
+        gone = [
+            key
+            for key, row in self.model.items()
+            if row.state in ("completed", "abandoned")
+            and row.settled_at is not None
+            and row.settled_at < before
+        ]
+        assert pruned == len(gone)
+        for key in gone:
+            del self.model[key]
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def rows_match_the_model(self) -> None:
+        for bot, update_id in KEYS:
+            stored = self.run(self.store.get_update(bot, update_id))
+            row = self.model.get((bot, update_id))
+            if row is None:
+                assert stored is None, (bot, update_id)
+                continue
+            assert stored is not None, (bot, update_id)
+            actual = {name: getattr(stored, name) for name in dataclasses.asdict(row)}
+            assert actual == dataclasses.asdict(row), (bot, update_id)
+
+    @invariant()
+    def open_exhaustions_match_the_model(self) -> None:
+        listed = self.run(self.store.due_exhaustions(limit=100))
+        expected = [
+            (ClaimIdentity(bot, update_id, row.attempts, row.claim_id or "?"), row.exhausted_at)
+            for (bot, update_id), row in sorted(self.model.items())
+            if row.open_exhaustion()
+        ]
+        assert [(e.identity, e.exhausted_at) for e in listed] == expected
+
+
+def test_store_matches_the_model(storage: Storage) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+
+        class Machine(StoreMachine):
+            pass
+
+        Machine.loop = loop
+        # One migrated database per test; each example opens a fresh store and empties it.
+        Machine.url = storage.url()
+        run_state_machine_as_test(
+            Machine,
+            settings=settings(
+                max_examples=60,
+                stateful_step_count=25,
+                deadline=None,
+                derandomize=True,  # the same examples on every run: CI stays deterministic
+                database=None,  # nothing saved between runs, nothing replayed
+                # `storage` is function-scoped and deliberately shared by every example: each
+                # example starts from an emptied table, so no state leaks between examples.
+                suppress_health_check=[HealthCheck.function_scoped_fixture],
+            ),
+        )
+    finally:
+        loop.close()
