@@ -96,6 +96,7 @@ class SqlUpdateStore:
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema."""
 
     def __init__(self, engine: AsyncEngine, table: str, capability: Capability) -> None:
+        """`engine` as `create_store_engine` makes it (on PostgreSQL: AUTOCOMMIT)."""
         self.engine = engine
         self.table: Table = make_table(table, revision="0002" if capability != "base" else "0001")
         self._capability: Capability = capability
@@ -114,13 +115,15 @@ class SqlUpdateStore:
             # lets a newcomer take a connection that was handed to a waiter, and under load
             # some requests then wait seconds while most wait milliseconds.
             self._write_lock = self._read_lock = asyncio.Semaphore(engine.pool.size())  # type: ignore[attr-defined]
-        # PostgreSQL: one statement is its own transaction; no BEGIN/COMMIT round trips.
         if self._sqlite:
             self._single = engine
             self._reader = engine.execution_options(**{SQLITE_BEGIN: "DEFERRED"})
         else:
-            # One statement is its own transaction: no BEGIN and COMMIT round trips.
-            self._single = self._reader = engine.execution_options(isolation_level="AUTOCOMMIT")
+            # The engine autocommits: one statement is its own transaction, with no BEGIN and
+            # COMMIT round trips. `engine` (public, and `transaction`) is a view of it that
+            # opens real transactions.
+            self._single = self._reader = engine
+            self.engine = engine.execution_options(isolation_level="READ COMMITTED")
         self._compile_batches()
 
     def _compile_batches(self) -> None:
