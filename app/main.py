@@ -104,6 +104,11 @@ def create_app(
         description="Durable webhook intake for Telegram bots: `POST /telegram/{bot}` records "
         "each update before its 200; workers forward it downstream under a fenced claim; the "
         "`/v1` API lets the downstream check and settle its claim, and operators follow it.",
+        # Only /telegram/{bot}, /healthz and /readyz answer without a key: the OpenAPI
+        # document is served behind one (`api.install`), and there is no docs page.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -55,7 +55,13 @@ def health_app(
     settings: Settings, store: SqlUpdateStore, dispatcher: Dispatcher, metrics: Metrics
 ) -> FastAPI:
     """/healthz, /readyz and /metrics of a worker process."""
-    app = FastAPI(title="telegram-intake worker", version=__version__)
+    app = FastAPI(
+        title="telegram-intake worker",
+        version=__version__,
+        openapi_url=None,  # health and metrics only: nothing to document, nothing open
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics

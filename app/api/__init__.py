@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from app.api import claims, operations
-from app.api.deps import Keys, Services, authenticated, bearer
+from app.api.deps import Credentials, Keys, Services, authenticated, bearer
 from app.store import SchemaError, StoreBusy, StoreError, StoreUnavailable
 
 __all__ = ["Keys", "Services", "install", "install_errors"]
@@ -20,6 +20,12 @@ def install(app: FastAPI) -> None:
     app.include_router(claims.router)
     app.include_router(operations.router)
     install_errors(app)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request, credentials: Credentials) -> JSONResponse:
+        """The OpenAPI document, for any valid key."""
+        authenticated(request, credentials)
+        return JSONResponse(app.openapi())
 
 
 def install_errors(app: FastAPI) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from pydantic import SecretStr
 
 from app.config import ApiKey, BotSettings, Settings
@@ -94,6 +95,7 @@ class Api:
     url: str
     store: SqlUpdateStore
     http: httpx.AsyncClient
+    app: FastAPI
 
     async def post(self, path: str, body: Any, *, key: str | None = KEY) -> httpx.Response:
         return await self.http.post(path, json=body, headers=_bearer(key))
@@ -157,12 +159,13 @@ async def serving(url: str, **overrides: Any) -> AsyncIterator[Api]:
     options: dict[str, Any] = {"bots": BOTS, "api_keys": API_KEYS, **overrides}
     settings = Settings(database_url=url, **options)
     store = await open_store(url)
+    app = create_app(settings)
     try:
         async with (
-            serve_asgi(create_app(settings)) as base,
+            serve_asgi(app) as base,
             httpx.AsyncClient(base_url=base, timeout=30) as http,
         ):
-            yield Api(base, url, store, http)
+            yield Api(base, url, store, http, app)
     finally:
         await store.close()
 

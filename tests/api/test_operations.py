@@ -20,6 +20,7 @@ from tests.api.conftest import (
     update_body,
     wire,
 )
+from tests.api.test_auth import bearer
 
 # -- GET /v1/exhaustions -----------------------------------------------------------------------
 
@@ -313,7 +314,7 @@ V1_ROUTES = {
 async def test_the_openapi_document_lists_every_v1_route_behind_the_bearer_scheme(
     sqlite_api: Api,
 ) -> None:
-    response = await sqlite_api.http.get("/openapi.json")
+    response = await sqlite_api.http.get("/openapi.json", headers=bearer(SHOP_KEY))
     assert response.status_code == 200
     document = response.json()
     listed = {
@@ -339,7 +340,8 @@ async def test_the_openapi_document_lists_every_v1_route_behind_the_bearer_schem
 
 
 async def test_the_openapi_document_carries_the_request_models_rules(sqlite_api: Api) -> None:
-    schemas = (await sqlite_api.http.get("/openapi.json")).json()["components"]["schemas"]
+    document = await sqlite_api.http.get("/openapi.json", headers=bearer(SHOP_KEY))
+    schemas = document.json()["components"]["schemas"]
     identity = schemas["Identity"]
     assert set(identity["required"]) == {"bot", "update_id", "attempt", "claim_id"}
     assert identity["additionalProperties"] is False

@@ -1,0 +1,162 @@
+"""The chaos run's downstream: a bot handler that fails, hangs and refuses on purpose, and writes
+its one effect per update fenced, in the service's own database.
+
+Run as its own process: `python -m tests.chaos.downstream PORT DATABASE_URL JOURNAL`.
+
+For each forwarded attempt, decided by the attempt's own (update_id, attempt) so that reruns
+behave alike:
+- an update in the rejected set (`rejected`) answers 400, which exhausts it;
+- 10% answer 500, which retries it;
+- 5% hang past the worker's forward timeout, then try their write anyway, as a slow handler
+  whose client gave up would: the attempt is stale by then and its owns check must refuse it;
+- the rest write the effect in one transaction with `telegram_intake_owns` (ADR 0256 decision
+  3): written only while the attempt owns the update, once per update; 200 when it owns the
+  update (written now or before), 409 when it does not, 503 when the database is away.
+
+Every request is appended to the journal (JSON lines, in arrival order) when it arrives and
+again with its answer, and every exhaustion record delivered to `/exhausted` likewise; the run
+checks the journal against the database at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TextIO
+
+import psycopg
+import uvicorn
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+FAIL_RATE = 0.10
+HANG_RATE = 0.05
+REJECT_EVERY = 97
+EFFECTS = """
+CREATE TABLE IF NOT EXISTS chaos_effects (
+    bot text NOT NULL,
+    update_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    claim_id text NOT NULL,
+    PRIMARY KEY (bot, update_id)
+)
+"""
+
+
+def rejected(update_id: int) -> bool:
+    """The fixed set of updates the downstream refuses with a 4xx."""
+    return update_id % REJECT_EVERY == 0
+
+
+def fate(update_id: int, attempt: int) -> str:
+    if rejected(update_id):
+        return "reject"
+    draw = random.Random(f"{update_id}:{attempt}").random()
+    if draw < FAIL_RATE:
+        return "fail"
+    if draw < FAIL_RATE + HANG_RATE:
+        return "hang"
+    return "write"
+
+
+class Downstream:
+    def __init__(self, database_url: str, journal: TextIO, hang_seconds: float) -> None:
+        self._pool = AsyncConnectionPool(
+            database_url,
+            min_size=2,
+            max_size=20,
+            open=False,
+            check=AsyncConnectionPool.check_connection,
+            kwargs={"autocommit": False, "connect_timeout": 3},
+        )
+        self._journal = journal
+        self._hang = hang_seconds
+
+    def record(self, **entry: Any) -> None:
+        self._journal.write(json.dumps(entry) + "\n")
+        self._journal.flush()
+
+    @asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        await self._pool.open(wait=False)
+        try:
+            yield
+        finally:
+            await self._pool.close()
+
+    async def hook(self, request: Request) -> JSONResponse:
+        body = await request.body()
+        update = json.loads(body)
+        identity = {
+            "bot": request.headers["x-intake-bot"],
+            "update_id": int(request.headers["x-intake-update-id"]),
+            "attempt": int(request.headers["x-intake-attempt"]),
+            "claim_id": request.headers["x-intake-claim-id"],
+        }
+        chat = update["message"]["chat"]["id"]
+        self.record(event="arrived", chat=chat, **identity)
+        status, owned = await self._handle(identity)
+        self.record(event="answered", status=status, owned=owned, **identity)
+        return JSONResponse({"owned": owned}, status)
+
+    async def _handle(self, identity: dict[str, Any]) -> tuple[int, bool | None]:
+        what = fate(identity["update_id"], identity["attempt"])
+        if what == "reject":
+            return 400, None
+        if what == "fail":
+            return 500, None
+        if what == "hang":
+            await asyncio.sleep(self._hang)
+        try:
+            owned = await self._write(identity)
+        except (psycopg.Error, OSError, TimeoutError):
+            return 503, None
+        return (200 if owned else 409), owned
+
+    async def _write(self, identity: dict[str, Any]) -> bool:
+        async with self._pool.connection(timeout=5) as connection, connection.transaction():
+            cursor = await connection.execute(
+                "SELECT telegram_intake_owns(%(bot)s, %(update_id)s, %(attempt)s, %(claim_id)s)",
+                identity,
+            )
+            row = await cursor.fetchone()
+            if row is None or not row[0]:
+                return False
+            await connection.execute(
+                "INSERT INTO chaos_effects (bot, update_id, attempt, claim_id) "
+                "VALUES (%(bot)s, %(update_id)s, %(attempt)s, %(claim_id)s) "
+                "ON CONFLICT (bot, update_id) DO NOTHING",
+                identity,
+            )
+            return True
+
+    async def exhausted(self, request: Request) -> JSONResponse:
+        record = await request.json()
+        fields = ("bot", "update_id", "attempt", "claim_id", "error")
+        self.record(event="exhaustion", **{name: record[name] for name in fields})
+        return JSONResponse({})
+
+
+def main() -> None:
+    port, database_url, journal_path, hang_seconds = sys.argv[1:5]
+    with open(journal_path, "a", encoding="utf-8") as journal:
+        downstream = Downstream(database_url, journal, float(hang_seconds))
+        app = Starlette(
+            routes=[
+                Route("/hook", downstream.hook, methods=["POST"]),
+                Route("/exhausted", downstream.exhausted, methods=["POST"]),
+            ],
+            lifespan=downstream.lifespan,
+        )
+        uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

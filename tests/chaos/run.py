@@ -1,0 +1,521 @@
+"""The chaos run: real processes under faults, and a check that nothing was lost or written stale.
+
+On one machine: `intakes` `telegram-intake serve` processes and `workers` `telegram-intake worker`
+processes on one PostgreSQL (`cluster.chaos_database`), the downstream of `downstream.py`, and a
+load generator that posts `updates` distinct updates over `chats` chats to the intakes, each
+chat's updates in order, as Telegram does, retrying anything but a 200, and posting a few
+updates a second time. Meanwhile a random worker is killed with SIGKILL every few seconds and
+started again, and PostgreSQL is crashed and restarted once, when half the updates are in.
+
+An audit trigger records every change of every row. At the end, with the queue drained:
+- lost: an update answered 200 that is not completed or exhausted, or completed without its
+  effect;
+- stale writes accepted: a row change that moved the identity other than as a claim (a new
+  attempt with a claim_id never seen before), that changed a row not held by a live claim, a
+  completion the downstream did not answer 2xx to that very identity, an exhaustion it did not
+  refuse with a 4xx (nor expiry nor spent attempts), an effect written by an identity that was
+  never a claim of its update, an acknowledged exhaustion never delivered;
+- per-chat order: the downstream saw each chat's updates in update_id order;
+- secrets: no configured secret appears in any process's log.
+
+`python -m tests.chaos` runs the full size and prints the table; `tests/chaos/test_chaos.py`
+runs a short one in the default test command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psycopg
+
+from app.dispatch.dispatcher import EXPIRED
+from app.store.migrate import upgrade
+from app.store.queries import SPENT_ERROR
+from tests.chaos.cluster import Database, chaos_database, wait_until_up
+from tests.chaos.downstream import EFFECTS, fate
+from tests.processes import ROOT, Process, free_port
+
+BOT = "default"
+SECRET = "chaos-secret-token-7f3a"
+DOWNSTREAM_SECRET = "chaos-downstream-secret-91c2"
+SIGNING_SECRET = "whsec_Y2hhb3Mtc2lnbmluZy1zZWNyZXQtZm9yLXRlc3Rz"
+API_KEY = "chaos-api-key-5d0e"
+AUDIT = """
+CREATE TABLE chaos_audit (
+    id bigserial PRIMARY KEY,
+    bot text, update_id bigint,
+    old_state text, new_state text,
+    old_attempts integer, new_attempts integer,
+    old_claim_id text, new_claim_id text,
+    error text, acknowledged boolean
+);
+CREATE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_audit (bot, update_id, old_state, new_state, old_attempts, new_attempts,
+                             old_claim_id, new_claim_id, error, acknowledged)
+    VALUES (NEW.bot, NEW.update_id, OLD.state, NEW.state, OLD.attempts, NEW.attempts,
+            OLD.claim_id, NEW.claim_id, NEW.error, NEW.acknowledged_at IS NOT NULL);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_audit AFTER UPDATE ON telegram_updates
+    FOR EACH ROW EXECUTE FUNCTION chaos_audit();
+"""
+
+
+@dataclass(frozen=True)
+class Plan:
+    updates: int = 20_000
+    chats: int = 500
+    intakes: int = 2
+    workers: int = 3
+    repost_share: float = 0.03  # updates posted a second time after their 200
+    kill_every: tuple[float, float] = (2.0, 5.0)  # seconds between worker kills
+    restart_at: float = 0.5  # share of updates accepted when PostgreSQL is crashed
+    lease_seconds: float = 4.0
+    forward_timeout_seconds: float = 1.0
+    hang_seconds: float = 1.5  # a hanging handler outlives the forward timeout
+    drain_within: float = 600.0
+    rate: float | None = None  # updates posted per second in all; None: as fast as they go
+    seed: int = 7
+
+
+@dataclass
+class Report:
+    plan: Plan
+    database_fault: str = ""
+    accepted: int = 0
+    reposted: int = 0
+    refused_posts: int = 0  # answers other than 200 (retried, as Telegram retries)
+    delivered: int = 0
+    duplicates_delivered: int = 0
+    exhausted: int = 0
+    exhaustions_delivered: int = 0
+    exhaustions_listed: int = 0
+    lost: int = 0
+    stale_writes_accepted: int = 0
+    stale_attempts_refused: int = 0  # owns said no to a late attempt: its write did not happen
+    order_violations: int = 0
+    secrets_in_logs: int = 0
+    workers_killed: int = 0
+    answers: Counter[int] = field(default_factory=Counter)
+    load_seconds: float = 0.0
+    drain_seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.lost == 0
+            and self.stale_writes_accepted == 0
+            and self.order_violations == 0
+            and self.secrets_in_logs == 0
+            and not self.problems
+        )
+
+    def table(self) -> str:
+        plan = self.plan
+        answers = ", ".join(f"{status}: {n:,}" for status, n in sorted(self.answers.items()))
+        rows = [
+            ("processes", f"{plan.intakes} intake, {plan.workers} worker, 1 downstream"),
+            ("updates posted (distinct)", f"{plan.updates:,} over {plan.chats:,} chats"),
+            ("updates accepted (200)", f"{self.accepted:,}"),
+            ("posted twice (duplicates, 200)", f"{self.reposted:,}"),
+            ("posts refused and retried", f"{self.refused_posts:,}"),
+            ("delivered (completed, effect written)", f"{self.delivered:,}"),
+            ("duplicates delivered (2xx again)", f"{self.duplicates_delivered:,}"),
+            ("exhausted", f"{self.exhausted:,}"),
+            (
+                "exhaustions delivered / listed",
+                f"{self.exhaustions_delivered:,} / {self.exhaustions_listed:,}",
+            ),
+            ("**lost** (must be 0)", f"**{self.lost:,}**"),
+            ("**stale writes accepted** (must be 0)", f"**{self.stale_writes_accepted:,}**"),
+            ("stale attempts refused by owns", f"{self.stale_attempts_refused:,}"),
+            ("per-chat order violations (must be 0)", f"{self.order_violations:,}"),
+            ("secrets found in logs (must be 0)", f"{self.secrets_in_logs:,}"),
+            ("downstream answers", answers),
+            ("workers killed (SIGKILL) and restarted", f"{self.workers_killed:,}"),
+            ("database fault", self.database_fault),
+            ("time to post", f"{self.load_seconds:.1f} s"),
+            ("time to drain after the last post", f"{self.drain_seconds:.1f} s"),
+        ]
+        lines = ["| measure | value |", "| --- | --- |"]
+        lines += [f"| {name} | {value} |" for name, value in rows]
+        return "\n".join(lines)
+
+
+def update_body(update_id: int, chat: int) -> str:
+    return json.dumps(
+        {
+            "update_id": update_id,
+            "message": {
+                "message_id": update_id,
+                "date": 1_700_000_000,
+                "chat": {"id": chat, "type": "private"},
+                "from": {"id": chat, "is_bot": False, "first_name": "Chaos"},
+                "text": f"update {update_id}",
+            },
+        }
+    )
+
+
+class Fleet:
+    """The service's processes, started and killed as the run goes."""
+
+    def __init__(self, directory: Path, env: dict[str, str]) -> None:
+        self._directory = directory
+        self._env = env
+        self.all: list[Process] = []
+        self.workers: list[Process] = []
+        self.intake_urls: list[str] = []
+
+    def _start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Process:
+        process = Process(f"{name}-{len(self.all)}", self._directory, env or self._env, *args)
+        self.all.append(process)
+        return process
+
+    def intake(self) -> None:
+        port = free_port()
+        self._start("intake", "serve", env={**self._env, "INTAKE_PORT": str(port)})
+        self.intake_urls.append(f"http://127.0.0.1:{port}")
+
+    def worker(self) -> None:
+        self.workers.append(self._start("worker", "worker"))
+
+    def kill_one_worker(self, rng: random.Random) -> None:
+        victim = self.workers.pop(rng.randrange(len(self.workers)))
+        victim.signal(signal.SIGKILL)
+        victim.popen.wait(timeout=15)
+        self.worker()
+
+    def downstream(self, port: int, database_url: str, journal: Path, hang: float) -> None:
+        env = {**self._env, "PYTHONPATH": str(ROOT)}
+        self.all.append(
+            Process(
+                "downstream",
+                self._directory,
+                env,
+                str(port),
+                database_url,
+                str(journal),
+                str(hang),
+                module="tests.chaos.downstream",
+            )
+        )
+
+    def logs(self) -> str:
+        return "".join(process.stdout + process.stderr for process in self.all)
+
+    def stop(self) -> None:
+        for process in self.all:
+            process.kill()
+
+
+async def run(plan: Plan, directory: Path, admin_url: str) -> Report:
+    """One chaos run; its processes write their logs under `directory`."""
+    report = Report(plan)
+    with chaos_database(admin_url) as database:
+        report.database_fault = database.fault
+        await asyncio.to_thread(_prepare, database.url)
+        journal = directory / "downstream.jsonl"
+        downstream_port = free_port()
+        env = _environment(plan, database.url, f"http://127.0.0.1:{downstream_port}")
+        fleet = Fleet(directory, env)
+        try:
+            fleet.downstream(downstream_port, database.url, journal, plan.hang_seconds)
+            for _ in range(plan.intakes):
+                fleet.intake()
+            for _ in range(plan.workers):
+                fleet.worker()
+            await _ready(fleet)
+            faults = Faults(plan, fleet, database, report)
+            try:
+                accepted = await _load(plan, fleet, faults, report)
+                await faults.crashed  # half the updates were in: it has happened
+                started = time.monotonic()
+                await _drained(database.url, plan.drain_within, report)
+                report.drain_seconds = time.monotonic() - started
+            finally:
+                await faults.stop()
+        finally:
+            fleet.stop()
+        await asyncio.to_thread(_judge, report, database.url, journal, accepted)
+        report.secrets_in_logs = sum(
+            fleet.logs().count(secret)
+            for secret in (SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET, API_KEY)
+        )
+    return report
+
+
+def _environment(plan: Plan, database_url: str, downstream: str) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("INTAKE_")}
+    env |= {
+        "INTAKE_DATABASE_URL": database_url,
+        "INTAKE_SECRET_TOKEN": SECRET,
+        "INTAKE_DOWNSTREAM_URL": f"{downstream}/hook",
+        "INTAKE_EXHAUSTION_URL": f"{downstream}/exhausted",
+        "INTAKE_DOWNSTREAM_SECRET_TOKEN": DOWNSTREAM_SECRET,
+        "INTAKE_SIGNING_SECRET": SIGNING_SECRET,
+        "INTAKE_API_KEYS": API_KEY,
+        "INTAKE_LEASE_SECONDS": str(plan.lease_seconds),
+        "INTAKE_FORWARD_TIMEOUT_SECONDS": str(plan.forward_timeout_seconds),
+        "INTAKE_RETRY_BASE_SECONDS": "0.05",
+        "INTAKE_RETRY_CAP_SECONDS": "0.5",
+        "INTAKE_BREAKER_COOLDOWN_SECONDS": "1",
+        "INTAKE_POLL_INTERVAL_SECONDS": "0.5",
+        "INTAKE_EXHAUSTION_RETRY_SECONDS": "1",
+        "INTAKE_SHUTDOWN_GRACE_SECONDS": "1",
+        "INTAKE_LOG_FORMAT": "json",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return env
+
+
+def _prepare(database_url: str) -> None:
+    upgrade(database_url)
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute(EFFECTS)
+        connection.execute(AUDIT)
+
+
+async def _ready(fleet: Fleet, within: float = 60.0) -> None:
+    deadline = time.monotonic() + within
+    async with aiohttp.ClientSession() as session:
+        for url in fleet.intake_urls:
+            while True:
+                try:
+                    async with session.get(f"{url}/healthz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                _before(deadline, fleet, "the intakes did not start")
+                await asyncio.sleep(0.2)
+    while not all(worker.started() for worker in fleet.workers):
+        _before(deadline, fleet, "the workers did not start")
+        await asyncio.sleep(0.2)
+
+
+def _before(deadline: float, fleet: Fleet, what: str) -> None:
+    if time.monotonic() > deadline:
+        raise RuntimeError(f"{what}\n" + "\n".join(p.report() for p in fleet.all))
+
+
+class Faults:
+    """Kills a random worker every few seconds until stopped, and crashes the database once,
+    when half the updates are in."""
+
+    def __init__(self, plan: Plan, fleet: Fleet, database: Database, report: Report) -> None:
+        self._plan = plan
+        self._fleet = fleet
+        self._database = database
+        self._report = report
+        self._rng = random.Random(plan.seed + 1)
+        self.crash_due = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._killer = asyncio.create_task(self._kill_workers())
+        self.crashed = asyncio.create_task(self._crash_database())
+
+    async def _kill_workers(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                pause = self._rng.uniform(*self._plan.kill_every)
+                await asyncio.wait_for(self._stopping.wait(), pause)
+                return
+            await asyncio.to_thread(self._fleet.kill_one_worker, self._rng)
+            self._report.workers_killed += 1
+
+    async def _crash_database(self) -> None:
+        await self.crash_due.wait()
+        await asyncio.to_thread(self._database.restart)
+        await asyncio.to_thread(wait_until_up, self._database.url)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        self.crashed.cancel()
+        await asyncio.gather(self._killer, self.crashed, return_exceptions=True)
+
+
+async def _load(plan: Plan, fleet: Fleet, faults: Faults, report: Report) -> set[int]:
+    """Post every update until it is answered 200, each chat's in order, at `plan.rate` in
+    all; the update_ids answered 200."""
+    rng = random.Random(plan.seed)
+    accepted: set[int] = set()
+    started = time.monotonic()
+    headers = {"x-telegram-bot-api-secret-token": SECRET, "content-type": "application/json"}
+
+    async def post(session: aiohttp.ClientSession, update_id: int, body: str) -> None:
+        while True:
+            url = rng.choice(fleet.intake_urls)
+            try:
+                async with session.post(f"{url}/telegram/{BOT}", data=body, headers=headers) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            report.refused_posts += 1
+            await asyncio.sleep(0.2)
+
+    async def chat(session: aiohttp.ClientSession, index: int, gate: asyncio.Semaphore) -> None:
+        chat_id = 5_000_000 + index
+        for update_id in range(index + 1, plan.updates + 1, plan.chats):
+            if plan.rate:  # update n is due n / rate seconds after the start
+                await asyncio.sleep(max(0.0, started + update_id / plan.rate - time.monotonic()))
+            body = update_body(update_id, chat_id)
+            async with gate:
+                await post(session, update_id, body)
+            accepted.add(update_id)
+            if len(accepted) >= plan.updates * plan.restart_at:
+                faults.crash_due.set()
+            if rng.random() < plan.repost_share:
+                async with gate:
+                    await post(session, update_id, body)
+                report.reposted += 1
+
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        gate = asyncio.Semaphore(64)
+        await asyncio.gather(*(chat(session, i, gate) for i in range(plan.chats)))
+    report.load_seconds = time.monotonic() - started
+    report.accepted = len(accepted)
+    return accepted
+
+
+async def _drained(database_url: str, within: float, report: Report) -> None:
+    """Wait until no row is waiting to be delivered and every exhaustion is acknowledged."""
+    deadline = time.monotonic() + within
+    query = (
+        "SELECT count(*) FROM telegram_updates WHERE state IN ('pending', 'processing', "
+        "'failed') OR (state = 'abandoned' AND acknowledged_at IS NULL)"
+    )
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(database_url) as connection:
+                row = await (await connection.execute(query)).fetchone()
+                if row is not None and row[0] == 0:
+                    return
+        except psycopg.OperationalError:
+            pass
+        if time.monotonic() > deadline:
+            report.problems.append(f"not drained within {within:.0f} s")
+            return
+        await asyncio.sleep(0.5)
+
+
+def _judge(report: Report, database_url: str, journal: Path, accepted: set[int]) -> None:
+    with psycopg.connect(database_url) as connection:
+        rows = {
+            update_id: (state, attempts, claim_id, acknowledged)
+            for update_id, state, attempts, claim_id, acknowledged in connection.execute(
+                "SELECT update_id, state, attempts, claim_id, acknowledged_at IS NOT NULL "
+                "FROM telegram_updates WHERE bot = %s",
+                (BOT,),
+            )
+        }
+        audit = connection.execute(
+            "SELECT update_id, old_state, new_state, old_attempts, new_attempts, old_claim_id, "
+            "new_claim_id, error, acknowledged FROM chaos_audit ORDER BY id"
+        ).fetchall()
+        effects = {
+            update_id: (attempt, claim_id)
+            for update_id, attempt, claim_id in connection.execute(
+                "SELECT update_id, attempt, claim_id FROM chaos_effects"
+            )
+        }
+    events = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+    answers: dict[tuple[int, int, str], list[int]] = defaultdict(list)
+    chats: dict[int, list[int]] = defaultdict(list)
+    exhaustions: set[tuple[int, int, str]] = set()
+    successes: Counter[int] = Counter()
+    for event in events:
+        key = (event["update_id"], event["attempt"], event["claim_id"])
+        if event["event"] == "arrived":
+            chats[event["chat"]].append(event["update_id"])
+        elif event["event"] == "answered":
+            answers[key].append(event["status"])
+            report.answers[event["status"]] += 1
+            if 200 <= event["status"] < 300:
+                successes[event["update_id"]] += 1
+            if event["status"] == 409:
+                report.stale_attempts_refused += 1
+        elif event["event"] == "exhaustion":
+            exhaustions.add(key)
+
+    # Lost: answered 200, and neither completed (with its effect) nor exhausted.
+    for update_id in sorted(accepted):
+        row = rows.get(update_id)
+        if row is None or row[0] not in ("completed", "abandoned"):
+            report.lost += 1
+            report.problems.append(f"update {update_id} lost: row {row}")
+        elif row[0] == "completed" and update_id not in effects:
+            report.lost += 1
+            report.problems.append(f"update {update_id} completed without its effect")
+    report.delivered = sum(1 for row in rows.values() if row[0] == "completed")
+    report.duplicates_delivered = sum(n - 1 for n in successes.values() if n > 1)
+    abandoned = {u: row for u, row in rows.items() if row[0] == "abandoned"}
+    report.exhausted = len(abandoned)
+    report.exhaustions_listed = sum(1 for row in abandoned.values() if not row[3])
+    report.exhaustions_delivered = sum(1 for row in abandoned.values() if row[3])
+    for update_id, (_, attempts, claim_id, acknowledged) in abandoned.items():
+        if acknowledged and (update_id, attempts, claim_id) not in exhaustions:
+            _stale(report, f"update {update_id}: acknowledged, never delivered")
+
+    _judge_history(report, audit, answers, effects)
+    for chat, arrivals in chats.items():
+        if any(later < earlier for earlier, later in itertools.pairwise(arrivals)):
+            report.order_violations += 1
+            report.problems.append(f"chat {chat} out of order: {arrivals}")
+
+
+def _judge_history(
+    report: Report,
+    audit: list[tuple[Any, ...]],
+    answers: dict[tuple[int, int, str], list[int]],
+    effects: dict[int, tuple[int, str]],
+) -> None:
+    claims: set[str] = set()
+    claimed: dict[int, set[tuple[int, str]]] = defaultdict(set)
+    for entry in audit:
+        update_id, old_state, new_state, old_n, new_n, old_claim, new_claim, error, _ = entry
+        if (old_n, old_claim) != (new_n, new_claim):
+            # A claim: the next attempt, under a claim_id never used before.
+            if new_n != old_n + 1 or new_claim is None or new_claim in claims:
+                _stale(report, f"update {update_id}: identity moved outside a claim: {entry}")
+            claims.add(new_claim)
+            claimed[update_id].add((new_n, new_claim))
+            continue
+        identity = (update_id, new_n, new_claim)
+        if old_state == "abandoned" and new_state == "abandoned":
+            continue  # the exhaustion's acknowledgement
+        if new_state == "abandoned" and error == SPENT_ERROR:
+            continue  # a claim found its attempts spent: exhausted as the last attempt left it
+        if old_state != "processing":
+            _stale(report, f"update {update_id}: a row not held was changed: {entry}")
+        elif new_state == "completed" and not any(200 <= s < 300 for s in answers[identity]):
+            _stale(report, f"update {update_id}: completed without a 2xx to {identity}")
+        elif new_state == "abandoned" and not (
+            any(400 <= s < 500 and s != 409 for s in answers[identity]) or error == EXPIRED
+        ):
+            _stale(report, f"update {update_id}: exhausted without a 4xx to {identity}: {error}")
+    for update_id, (attempt, claim_id) in effects.items():
+        if (attempt, claim_id) not in claimed[update_id]:
+            _stale(report, f"update {update_id}: effect by {attempt}/{claim_id}, never a claim")
+        if fate(update_id, attempt) == "reject":
+            _stale(report, f"update {update_id}: effect of a rejected update")
+
+
+def _stale(report: Report, problem: str) -> None:
+    report.stale_writes_accepted += 1
+    report.problems.append(problem)

@@ -1,0 +1,91 @@
+"""The short chaos run in the default test command, and the run's judge on made-up histories
+(a judge that cannot fail proves nothing). The full run: `python -m tests.chaos`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.store.queries import SPENT_ERROR
+from tests.chaos.run import Plan, Report, _judge_history, run
+from tests.conftest import POSTGRES_URL, _libpq
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_short_chaos_run_loses_nothing_and_accepts_no_stale_write(
+    postgres_admin: Any, tmp_path: Path
+) -> None:
+    # postgres_admin: fails (never skips) when the test server is unreachable.
+    plan = Plan(updates=1_500, chats=60, rate=100.0, drain_within=180.0)
+    report = await run(plan, tmp_path, _libpq(POSTGRES_URL))
+    print(report.table())
+    assert report.passed, "\n".join(report.problems[:30])
+    assert report.accepted == plan.updates
+    assert report.delivered + report.exhausted == plan.updates
+    assert report.exhaustions_delivered == report.exhausted > 0
+    # The faults happened: the run proved something.
+    assert report.workers_killed >= 2
+    assert report.database_fault
+    assert report.answers[500] > 0
+    assert report.answers[400] > 0
+    assert report.stale_attempts_refused > 0  # late handlers were refused by owns
+    assert report.reposted > 0
+
+
+def _judged(audit: list[tuple[Any, ...]], answers: dict[Any, list[int]]) -> Report:
+    report = Report(Plan())
+    _judge_history(report, audit, defaultdict(list, answers), {})
+    return report
+
+
+CLAIM = (1, "pending", "processing", 0, 1, None, "c1", None, False)
+
+
+def test_the_judge_passes_a_clean_history() -> None:
+    audit = [CLAIM, (1, "processing", "completed", 1, 1, "c1", "c1", None, False)]
+    assert _judged(audit, {(1, 1, "c1"): [200]}).stale_writes_accepted == 0
+
+
+@pytest.mark.parametrize(
+    ("history", "answers"),
+    [
+        # completed, but the downstream never answered this identity 2xx (a stale settle)
+        ([CLAIM, (1, "processing", "completed", 1, 1, "c1", "c1", None, False)], {}),
+        # the identity moved without a claim (attempt skipped)
+        ([CLAIM, (1, "processing", "processing", 1, 3, "c1", "c2", None, False)], {}),
+        # a claim_id used twice
+        (
+            [
+                CLAIM,
+                (1, "processing", "processing", 1, 2, "c1", "c1x", None, False),
+                (1, "processing", "processing", 2, 3, "c1x", "c1", None, False),
+            ],
+            {},
+        ),
+        # a change of a row that no live claim held
+        ([CLAIM, (1, "failed", "completed", 1, 1, "c1", "c1", None, False)], {(1, 1, "c1"): [200]}),
+        # exhausted after a 409 (the attempt had lost the update), not a 4xx refusal
+        (
+            [CLAIM, (1, "processing", "abandoned", 1, 1, "c1", "c1", "HTTP 409", False)],
+            {(1, 1, "c1"): [409]},
+        ),
+    ],
+)
+def test_the_judge_counts_each_kind_of_stale_write(
+    history: list[tuple[Any, ...]], answers: dict[Any, list[int]]
+) -> None:
+    assert _judged(history, answers).stale_writes_accepted >= 1
+
+
+def test_spent_attempts_and_acknowledgements_are_not_stale() -> None:
+    audit = [
+        CLAIM,
+        (1, "processing", "failed", 1, 1, "c1", "c1", "HTTP 500", False),
+        (1, "failed", "abandoned", 1, 1, "c1", "c1", SPENT_ERROR, False),
+        (1, "abandoned", "abandoned", 1, 1, "c1", "c1", SPENT_ERROR, True),
+    ]
+    assert _judged(audit, {(1, 1, "c1"): [500]}).stale_writes_accepted == 0
