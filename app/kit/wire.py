@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, model_validator
 
 # The store's rules for these fields (app.store.validate), as constraints a client can read.
 BOT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -18,9 +18,22 @@ MAX_INTEGER = 2**31 - 1
 MAX_ERROR_LENGTH = 2_000
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold a NUL character
 
+
+
+def _whole_number(value: object) -> object:
+    """JSON Schema's `integer`, which the OpenAPI document promises: 467 and 467.0 alike;
+    never true, "467" or 467.5."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# After the constraints: before them, pydantic would publish `ge`/`le` instead of
+# `minimum`/`maximum` in the JSON schema.
+WHOLE = BeforeValidator(_whole_number)
 BotName = Annotated[str, Field(pattern=BOT_PATTERN, examples=["default"])]
-UpdateId = Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT, examples=[123456789])]
-EpochMillis = Annotated[StrictInt, Field(description="epoch milliseconds")]
+UpdateId = Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT, examples=[123456789]), WHOLE]
+EpochMillis = Annotated[StrictInt, Field(description="epoch milliseconds"), WHOLE]
 
 
 class Message(BaseModel):
@@ -38,7 +51,7 @@ class Identity(Message):
 
     bot: BotName
     update_id: UpdateId
-    attempt: Annotated[StrictInt, Field(ge=1, le=MAX_INTEGER, examples=[1])]
+    attempt: Annotated[StrictInt, Field(ge=1, le=MAX_INTEGER, examples=[1]), WHOLE]
     claim_id: Annotated[
         str,
         Field(
@@ -63,7 +76,7 @@ class Owned(Message):
 
 
 class RenewRequest(Identity):
-    lease_ms: Annotated[StrictInt, Field(ge=1, le=86_400_000)] | None = Field(
+    lease_ms: Annotated[StrictInt, Field(ge=1, le=86_400_000), WHOLE] | None = Field(
         None, description="the new lease, from now; default the bot's lease_seconds"
     )
 
@@ -76,12 +89,32 @@ class Renewed(Message):
 Outcome = Literal["completed", "failed", "exhausted"]
 
 
+_NULL = {"type": "null"}
+
+
 class SettleRequest(Identity):
+    # The validator's rules below, published in the schema too (JSON Schema conditionals), so
+    # that a client generated from the document knows them.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"outcome": {"const": "completed"}}},
+                    "then": {"properties": {"error": _NULL, "retry_after_ms": _NULL}},
+                },
+                {
+                    "if": {"properties": {"outcome": {"const": "exhausted"}}},
+                    "then": {"properties": {"retry_after_ms": _NULL}},
+                },
+            ]
+        }
+    )
+
     outcome: Outcome
     error: (
         Annotated[str, Field(min_length=1, max_length=MAX_ERROR_LENGTH, pattern=NO_NUL)] | None
     ) = None
-    retry_after_ms: Annotated[StrictInt, Field(ge=0, le=7 * 86_400_000)] | None = Field(
+    retry_after_ms: Annotated[StrictInt, Field(ge=0, le=7 * 86_400_000), WHOLE] | None = Field(
         None, description="failed only: when to retry (capped by the bot's retry_after_cap)"
     )
 
