@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, model_validator
+from pydantic.json_schema import JsonDict
 
 # The store's rules for these fields (app.store.validate), as constraints a client can read.
 BOT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -89,7 +90,7 @@ class Renewed(Message):
 Outcome = Literal["completed", "failed", "exhausted"]
 
 
-_NULL = {"type": "null"}
+_NULL: JsonDict = {"type": "null"}
 
 
 class SettleRequest(Identity):
