@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, model_validator
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 # The store's rules for these fields (app.store.validate), as constraints a client can read.
 BOT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -18,7 +18,6 @@ MAX_BIGINT = 2**63 - 1
 MAX_INTEGER = 2**31 - 1
 MAX_ERROR_LENGTH = 2_000
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold a NUL character
-
 
 
 def _whole_number(value: object) -> object:
