@@ -2,6 +2,12 @@
 against the real store (SQLite and PostgreSQL) and a small pure-Python model of SPEC sections 2
 and 4, and compares every answer and every row after every step.
 
+The rules: add (one update, or several of one chat), claim_owned, claim_next_owned (per-chat
+order or none, a bot filter, a limit, spent attempts), renew_owned, owns, settle_owned,
+exhaust, acknowledge (by identity, or as listed by due_exhaustions), prune, and the clock.
+A transition's time is drawn around the clock or exactly at the row's due_at, the lease's
+last instant, where an off-by-one would hide.
+
 Identities come from a bundle of those the store returned, so stale identities (an earlier
 attempt, or an attempt at a key since pruned and recorded again) are reused after re-claims;
 a few are forged (one field changed). A stale or forged identity must never write.
@@ -44,7 +50,10 @@ START = 1_000
 
 bots = st.sampled_from(BOTS)
 update_ids = st.sampled_from(UPDATE_IDS)
-offsets = st.integers(-3, 3)  # a transition's `at` around the model clock
+EDGE = "edge"  # an `at` exactly at the target row's due_at: the lease's last instant
+# A transition's `at`: around the model clock, or (often enough to matter) at the row's edge.
+offsets = st.one_of(st.integers(-3, 3), st.just(EDGE))
+queue_keys = st.sampled_from((None, "chat:1", "chat:2"))
 forgeries = st.sampled_from((None,) * 6 + ("attempt", "claim_id", "update_id", "bot"))
 
 
@@ -53,6 +62,7 @@ class Row:
     """The model of one row: the columns the store rules touch."""
 
     received_at: int
+    queue_key: str | None = None
     state: str = "pending"
     attempts: int = 0
     due_at: int = 0
@@ -117,6 +127,14 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.capability == "durable"
         self.run(self._clear())
 
+    def at(self, identity: ClaimIdentity, offset: int | str) -> int:
+        """The time a transition is asked at: around the clock, or the row's due_at."""
+        row = self.model.get((identity.bot, identity.update_id))
+        if offset == EDGE:
+            return row.due_at if row is not None else self.clock
+        assert isinstance(offset, int)
+        return self.clock + offset
+
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coroutine)
 
@@ -135,17 +153,29 @@ class StoreMachine(RuleBasedStateMachine):
 
     # -- transitions ---------------------------------------------------------------------------
 
-    @rule(target=keys, bot=bots, update_id=update_ids, back=st.integers(0, 5))
-    def add(self, bot: str, update_id: int, back: int) -> Any:
+    @rule(target=keys, bot=bots, update_id=update_ids, back=st.integers(0, 5), queue=queue_keys)
+    def add(self, bot: str, update_id: int, back: int, queue: str | None) -> Any:
         received_at = self.clock - back
-        added = self.run(self.store.add(bot, update_id, f'{{"n":{update_id}}}', received_at))
+        body = f'{{"n":{update_id}}}'
+        added = self.run(self.store.add(bot, update_id, body, received_at, queue_key=queue))
         key = (bot, update_id)
         expected = key not in self.model
         assert added == expected
         if not expected:
             return multiple()
-        self.model[key] = Row(received_at=received_at)
+        self.model[key] = Row(received_at=received_at, queue_key=queue)
         return multiple(key)
+
+    @rule(
+        target=keys,
+        bot=bots,
+        update_ids=st.lists(update_ids, min_size=2, max_size=3, unique=True),
+        queue=queue_keys,
+    )
+    def add_chat(self, bot: str, update_ids: list[int], queue: str | None) -> Any:
+        """Several updates of one chat at once: the states where per-chat order matters."""
+        added = [self.add(bot, update_id, 0, queue) for update_id in sorted(update_ids)]
+        return multiple(*(key for result in added for key in result.values))
 
     @rule(
         target=identities,
@@ -191,6 +221,95 @@ class StoreMachine(RuleBasedStateMachine):
             row.settled_at = now
         return multiple()
 
+    # Most useful with something to take; an empty take is checked by the rule all the same.
+    @precondition(lambda self: any(row.claimable(self.clock) for row in self.model.values()))
+    @rule(
+        target=identities,
+        lease=st.integers(1, 10),
+        max_attempts=st.integers(1, 3),
+        limit=st.integers(1, 4),
+        ordering=st.sampled_from(("chat", "none")),
+        bots=st.sampled_from((None, ("alpha",), ("beta",))),
+        durable=st.booleans(),
+    )
+    def claim_next_owned(
+        self,
+        lease: int,
+        max_attempts: int,
+        limit: int,
+        ordering: str,
+        bots: tuple[str, ...] | None,
+        durable: bool,
+    ) -> Any:
+        now = self.clock
+        eligible = [key for key, row in self.model.items() if self._eligible(key, row, now)]
+        if bots is not None:
+            eligible = [key for key in eligible if key[0] in bots]
+        if ordering == "chat":
+            eligible = [key for key in eligible if self._first_of_its_chat(key)]
+        claimed = self.run(
+            self.store.claim_next_owned(
+                now=now,
+                lease_until=now + lease,
+                max_attempts=max_attempts,
+                limit=limit,
+                ordering=ordering,  # type: ignore[arg-type]
+                bots=bots,
+                durable_exhaustion=durable,
+            )
+        )
+        # Which rows it took: the oldest due first, ties in either order; a row whose attempts
+        # are spent is ended (not returned) and counts against the limit.
+        taken = [key for key in eligible if self._taken(key)]
+        assert len(taken) == min(limit, len(eligible))
+        if taken:
+            newest = max(self.model[key].due_at for key in taken)
+            assert all(self.model[k].due_at >= newest for k in eligible if k not in taken)
+        returned = {(c.identity.bot, c.identity.update_id): c.identity for c in claimed}
+        for key in taken:
+            row = self.model[key]
+            if row.attempts < max_attempts:
+                identity = returned.pop(key)
+                assert identity.attempt == row.attempts + 1
+                assert identity.claim_id != row.claim_id
+                row.state, row.attempts, row.due_at = "processing", identity.attempt, now + lease
+                row.claim_id, row.settled_at = identity.claim_id, None
+            else:
+                row.state, row.due_at, row.error = "abandoned", now, SPENT
+                if durable:
+                    row.settled_at, row.exhausted_at = None, now
+                else:
+                    row.settled_at = now
+        assert returned == {}  # nothing returned that the rules did not allow
+        return multiple(*(c.identity for c in claimed))
+
+    @staticmethod
+    def _eligible(key: tuple[str, int], row: Row, now: int) -> bool:
+        return row.claimable(now)
+
+    def _first_of_its_chat(self, key: tuple[str, int]) -> bool:
+        row = self.model[key]
+        if row.queue_key is None:
+            return True
+        return not any(
+            other_key[0] == key[0]
+            and other.queue_key == row.queue_key
+            and other_key[1] < key[1]
+            and other.state in ("pending", "processing", "failed")
+            for other_key, other in self.model.items()
+        )
+
+    def _taken(self, key: tuple[str, int]) -> bool:
+        """Whether the last claim_next_owned changed this row (read back from the store)."""
+        stored = self.run(self.store.get_update(*key))
+        row = self.model[key]
+        assert stored is not None
+        return (stored.attempts, stored.claim_id, stored.state) != (
+            row.attempts,
+            row.claim_id,
+            row.state,
+        )
+
     @rule(
         identity=identities,
         field=forgeries,
@@ -199,11 +318,16 @@ class StoreMachine(RuleBasedStateMachine):
         offset=offsets,
     )
     def renew_owned(
-        self, identity: ClaimIdentity, field: str | None, extend: int, with_now: bool, offset: int
+        self,
+        identity: ClaimIdentity,
+        field: str | None,
+        extend: int,
+        with_now: bool,
+        offset: int | str,
     ) -> None:
         identity = forge(identity, field)
         lease_until = self.clock + extend
-        now = self.clock + offset if with_now else None
+        now = self.at(identity, offset) if with_now else None
         renewed = self.run(self.store.renew_owned(identity, lease_until, now))
         row = self.model.get((identity.bot, identity.update_id))
         expected = (
@@ -218,9 +342,9 @@ class StoreMachine(RuleBasedStateMachine):
             row.due_at = max(row.due_at, lease_until)  # never shortens
 
     @rule(identity=identities, field=forgeries, offset=offsets)
-    def owns(self, identity: ClaimIdentity, field: str | None, offset: int) -> None:
+    def owns(self, identity: ClaimIdentity, field: str | None, offset: int | str) -> None:
         identity = forge(identity, field)
-        at = self.clock + offset
+        at = self.at(identity, offset)
         owned = self.run(self.store.owns(identity, at))
         row = self.model.get((identity.bot, identity.update_id))
         assert owned == (row is not None and row.live(identity, at))
@@ -233,10 +357,10 @@ class StoreMachine(RuleBasedStateMachine):
         retry=st.integers(0, 10),
     )
     def settle_owned(
-        self, identity: ClaimIdentity, field: str | None, kind: str, offset: int, retry: int
+        self, identity: ClaimIdentity, field: str | None, kind: str, offset: int | str, retry: int
     ) -> None:
         identity = forge(identity, field)
-        at = self.clock + offset
+        at = self.at(identity, offset)
         settlement = {
             "completed": Completed(at),
             "failed": Failed(at, at + retry, "boom"),
@@ -258,9 +382,9 @@ class StoreMachine(RuleBasedStateMachine):
                 row.state, row.settled_at, row.due_at, row.error = "abandoned", at, at, error
 
     @rule(target=exhausted, identity=identities, field=forgeries, offset=offsets)
-    def exhaust(self, identity: ClaimIdentity, field: str | None, offset: int) -> Any:
+    def exhaust(self, identity: ClaimIdentity, field: str | None, offset: int | str) -> Any:
         identity = forge(identity, field)
-        at = self.clock + offset
+        at = self.at(identity, offset)
         exhausted = self.run(self.store.exhaust(identity, at, "exhausted"))
         row = self.model.get((identity.bot, identity.update_id))
         expected = row is not None and row.live(identity, at)
@@ -277,7 +401,7 @@ class StoreMachine(RuleBasedStateMachine):
         self, identity: ClaimIdentity, field: str | None, offset: int
     ) -> None:
         identity = forge(identity, field)
-        at = self.clock + offset
+        at = self.at(identity, offset)
         acknowledged = self.run(self.store.acknowledge_exhaustion(identity, at))
         row = self.model.get((identity.bot, identity.update_id))
         expected = row is not None and row.holds(identity) and row.open_exhaustion()
@@ -288,7 +412,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: any(row.open_exhaustion() for row in self.model.values()))
     @rule(pick=st.integers(0, 5), field=forgeries, offset=offsets)
-    def acknowledge_listed(self, pick: int, field: str | None, offset: int) -> None:
+    def acknowledge_listed(self, pick: int, field: str | None, offset: int | str) -> None:
         """The recovery path: acknowledge an exhaustion that `due_exhaustions` lists."""
         listed = self.run(self.store.due_exhaustions(limit=100))
         assert listed  # the invariant compares the list with the model
