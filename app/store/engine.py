@@ -63,6 +63,8 @@ def _configure_sqlite(sync_engine: Engine) -> None:
     @event.listens_for(sync_engine, "begin")
     def _on_begin(connection: Any) -> None:
         mode = connection.get_execution_options().get(SQLITE_BEGIN, "IMMEDIATE")
+        if mode not in ("IMMEDIATE", "DEFERRED"):
+            raise ValueError(f"SQLite begin mode {mode!r} is not IMMEDIATE or DEFERRED")
         connection.exec_driver_sql(f"BEGIN {mode}")
 
 

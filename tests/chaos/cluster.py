@@ -28,6 +28,8 @@ import psycopg
 
 from tests.processes import free_port
 
+DATABASE_PASSWORD = "chaos-database-password-3b8e"  # checked absent from every log
+
 
 def server_binaries() -> Path | None:
     """The directory of `initdb` and `pg_ctl`, or None."""
@@ -45,9 +47,10 @@ def server_binaries() -> Path | None:
 class Database:
     """Where the chaos run keeps its rows, and the one fault it can inflict on it."""
 
-    def __init__(self, url: str, fault: str) -> None:
+    def __init__(self, url: str, fault: str, password: str | None = None) -> None:
         self.url = url  # libpq form: postgresql://...
         self.fault = fault  # what `restart` does, for the report
+        self.password = password  # in the URL: no log may show it
 
     def restart(self) -> None:
         raise NotImplementedError
@@ -55,9 +58,12 @@ class Database:
 
 class PrivateCluster(Database):
     def __init__(self, bindir: Path, directory: Path, port: int, user: str | None) -> None:
+        # Trust authentication ignores the password; it is there so that the run can check
+        # that no process ever logs the database URL's password.
         super().__init__(
-            f"postgresql://postgres@127.0.0.1:{port}/postgres",
+            f"postgresql://postgres:{DATABASE_PASSWORD}@127.0.0.1:{port}/postgres",
             "PostgreSQL crashed and restarted (pg_ctl restart -m immediate)",
+            DATABASE_PASSWORD,
         )
         self._bindir = bindir
         self._data = directory / "data"

@@ -52,6 +52,7 @@ SECRET = "chaos-secret-token-7f3a"
 DOWNSTREAM_SECRET = "chaos-downstream-secret-91c2"
 SIGNING_SECRET = "whsec_Y2hhb3Mtc2lnbmluZy1zZWNyZXQtZm9yLXRlc3Rz"
 API_KEY = "chaos-api-key-5d0e"
+BOT_TOKEN = "123456:chaos-bot-token-AAEx9"
 AUDIT = """
 CREATE TABLE chaos_audit (
     id bigserial PRIMARY KEY,
@@ -252,10 +253,13 @@ async def run(plan: Plan, directory: Path, admin_url: str) -> Report:
         finally:
             fleet.stop()
         await asyncio.to_thread(_judge, report, database.url, journal, accepted)
-        report.secrets_in_logs = sum(
-            fleet.logs().count(secret)
-            for secret in (SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET, API_KEY)
-        )
+        secrets = [SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET, API_KEY, BOT_TOKEN]
+        secrets += [database.password] if database.password else []
+        logs = fleet.logs()
+        for secret in secrets:
+            if secret in logs:
+                report.secrets_in_logs += logs.count(secret)
+                report.problems.append(f"a secret ({secret[:4]}...) appears in the logs")
     return report
 
 
@@ -269,6 +273,7 @@ def _environment(plan: Plan, database_url: str, downstream: str) -> dict[str, st
         "INTAKE_DOWNSTREAM_SECRET_TOKEN": DOWNSTREAM_SECRET,
         "INTAKE_SIGNING_SECRET": SIGNING_SECRET,
         "INTAKE_API_KEYS": API_KEY,
+        "INTAKE_BOT_TOKEN": BOT_TOKEN,
         "INTAKE_LEASE_SECONDS": str(plan.lease_seconds),
         "INTAKE_FORWARD_TIMEOUT_SECONDS": str(plan.forward_timeout_seconds),
         "INTAKE_RETRY_BASE_SECONDS": "0.05",
