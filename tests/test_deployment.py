@@ -184,7 +184,12 @@ def test_the_services_reach_each_other_by_service_name_and_port() -> None:
 def test_the_image_services_share_one_environment_whose_secrets_are_never_written() -> None:
     services = compose_services()
     environments = [services[name]["environment"] for name in sorted(IMAGE_SERVICES)]
-    assert all(env == environments[0] for env in environments)
+    shared = min(environments, key=len)
+    for name in IMAGE_SERVICES:
+        env = services[name]["environment"]
+        assert {variable: env.get(variable) for variable in shared} == shared, name
+        # Beyond the shared settings, only a role's own port.
+        assert set(env) - set(shared) <= {"INTAKE_WORKER_PORT"}, name
     required = re.compile(r"\$\{(\w+):\?[^}]+\}")
     for name, service in services.items():
         for variable, value in service.get("environment", {}).items():
@@ -194,12 +199,16 @@ def test_the_image_services_share_one_environment_whose_secrets_are_never_writte
 
 def test_services_that_serve_no_healthz_replace_the_image_healthcheck() -> None:
     services = compose_services()
+    image_port = image_environment()["INTAKE_PORT"]
     for name in IMAGE_SERVICES:
         service = services[name]
-        if cli_args(name, service).command in ("run", "serve"):
+        command = cli_args(name, service).command
+        worker_port = service["environment"].get("INTAKE_WORKER_PORT")
+        if command in ("run", "serve") or (command == "worker" and worker_port == image_port):
             assert "healthcheck" not in service, f"{name}: the image's /healthz check fits"
         else:
             assert service.get("healthcheck"), f"{name}: the image's /healthz check would fail"
+    assert "healthcheck" not in services["worker"], "the worker serves /healthz: check it"
 
 
 # --- Dockerfile -------------------------------------------------------------------------------
@@ -377,6 +386,9 @@ async def test_the_compose_sequence_delivers_an_update_as_plain_processes(
 
         await eventually(healthy, within=STARTUP)
         await eventually(running["worker"].started, within=STARTUP)
+        worker_env = place.environment("worker")
+        # The image's healthcheck, run with the worker's settings, finds the worker healthy.
+        assert await asyncio.to_thread(healthcheck, worker_env) == 0, running["worker"].report()
         await eventually(lambda: accepts(place.local_port("downstream")), within=STARTUP)
         # The check can fail: nothing listens on this port.
         assert await asyncio.to_thread(healthcheck, {**intake_env, "INTAKE_PORT": str(free_port())})

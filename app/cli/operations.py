@@ -108,7 +108,7 @@ def _exhaustions_list(settings: Settings, args: argparse.Namespace) -> int:
                 ],
             )
         )
-        if len(rows) % args.limit == 0 and not args.all and after is not None:
+        if not args.all and len(page) == args.limit and after is not None:
             print(f"more may follow: --after {after[0]}:{after[1]}")
         print(
             "acknowledge one with: telegram-intake exhaustions ack BOT UPDATE_ID ATTEMPT CLAIM_ID"
