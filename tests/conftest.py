@@ -152,3 +152,13 @@ async def serve_asgi(app: Any, *, port: int = 0) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await asyncio.to_thread(thread.join, 15)
+
+
+@pytest.fixture
+async def downstream() -> AsyncIterator[Any]:
+    """A fake downstream (the bot's own handler) served on an ephemeral port: see
+    tests/downstream.py."""
+    from tests.downstream import served_downstream  # it imports this module
+
+    async with served_downstream() as fake:
+        yield fake

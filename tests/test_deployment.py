@@ -33,7 +33,7 @@ import yaml
 
 from app.cli import build_parser
 from tests.conftest import Storage, table_rows
-from tests.dispatch.conftest import eventually, message
+from tests.downstream import eventually, message
 from tests.processes import SECRET, Process, free_port, processes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from sqlalchemy import text
@@ -28,7 +27,7 @@ from app.store import open_store
 from app.store.engine import create_sync_engine
 from tests.api.conftest import API_KEYS, CALLBACK_KEY, OPERATIONS_KEY, SHOP_KEY
 from tests.conftest import Storage, serve_asgi, table_rows
-from tests.dispatch.conftest import (
+from tests.downstream import (
     SECRET,
     FakeDownstream,
     Received,
@@ -43,14 +42,6 @@ from tests.dispatch.conftest import (
 
 P = "telegram_intake_"
 STATES = ("pending", "processing", "completed", "failed", "abandoned")
-
-
-@pytest.fixture
-async def downstream() -> AsyncIterator[FakeDownstream]:
-    fake = FakeDownstream()
-    async with serve_asgi(fake.app()) as base:
-        fake.url = base
-        yield fake
 
 
 class Scrape:

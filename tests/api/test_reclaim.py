@@ -24,7 +24,7 @@ from app.kit import IntakeClient, read_forwarded
 from app.main import create_app
 from app.store import open_store
 from tests.conftest import Storage, serve_asgi
-from tests.dispatch.conftest import SIGNING_SECRET, eventually, message, now_ms
+from tests.downstream import SIGNING_SECRET, eventually, message, now_ms
 from tests.processes import SECRET, environment, processes
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import httpx
 
 from app.store import ClaimIdentity, open_store
 from tests.conftest import Storage, table_rows
-from tests.dispatch.conftest import message, now_ms
+from tests.downstream import message, now_ms
 from tests.processes import free_port, processes
 
 

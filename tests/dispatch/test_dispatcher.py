@@ -28,7 +28,7 @@ from app.store import (
     open_store,
 )
 from tests.conftest import Storage, serve_asgi, table_rows
-from tests.dispatch.conftest import (
+from tests.downstream import (
     DOWNSTREAM_SECRET,
     SIGNING_SECRET,
     FakeDownstream,

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from app.intake.updates import classify
 from app.store import NewUpdate, open_store
 from tests.conftest import Storage, table_rows
-from tests.dispatch.conftest import (
+from tests.downstream import (
     FakeDownstream,
     Received,
     by_attempt,

@@ -11,7 +11,7 @@ import httpx
 from app.main import create_app
 from app.store import Completed, open_store
 from tests.conftest import Storage, serve_asgi
-from tests.dispatch.conftest import (
+from tests.downstream import (
     SECRET,
     FakeDownstream,
     bot,

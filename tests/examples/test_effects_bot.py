@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from examples.effects_bot.bot import effects
 from tests.conftest import Storage, serve_asgi, table_rows
-from tests.dispatch.conftest import SIGNING_SECRET, eventually, message
+from tests.downstream import SIGNING_SECRET, eventually, message
 from tests.processes import ROOT, environment, free_port, processes
 
 pytestmark = pytest.mark.slow

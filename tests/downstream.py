@@ -16,7 +16,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -122,8 +121,9 @@ class FakeDownstream:
         return Starlette(routes=routes)
 
 
-@pytest.fixture
-async def downstream() -> AsyncIterator[FakeDownstream]:
+@asynccontextmanager
+async def served_downstream() -> AsyncIterator[FakeDownstream]:
+    """A `FakeDownstream` under uvicorn; the `downstream` fixture of tests/conftest.py."""
     fake = FakeDownstream()
     async with serve_asgi(fake.app()) as base:
         fake.url = base
