@@ -45,6 +45,7 @@ from app.store.migrate import upgrade
 from app.store.queries import SPENT_ERROR
 from tests.chaos.cluster import Database, chaos_database, wait_until_up
 from tests.chaos.downstream import EFFECTS, fate
+from tests.downstream import message
 from tests.processes import ROOT, Process, free_port
 
 BOT = "default"
@@ -155,21 +156,6 @@ class Report:
         lines = ["| measure | value |", "| --- | --- |"]
         lines += [f"| {name} | {value} |" for name, value in rows]
         return "\n".join(lines)
-
-
-def update_body(update_id: int, chat: int) -> str:
-    return json.dumps(
-        {
-            "update_id": update_id,
-            "message": {
-                "message_id": update_id,
-                "date": 1_700_000_000,
-                "chat": {"id": chat, "type": "private"},
-                "from": {"id": chat, "is_bot": False, "first_name": "Chaos"},
-                "text": f"update {update_id}",
-            },
-        }
-    )
 
 
 class Fleet:
@@ -378,7 +364,7 @@ async def _load(plan: Plan, fleet: Fleet, faults: Faults, report: Report) -> set
         for update_id in range(index + 1, plan.updates + 1, plan.chats):
             if plan.rate:  # update n is due n / rate seconds after the start
                 await asyncio.sleep(max(0.0, started + update_id / plan.rate - time.monotonic()))
-            body = update_body(update_id, chat_id)
+            body = message(update_id, chat=chat_id, text=f"update {update_id}")
             async with gate:
                 await post(session, update_id, body)
             accepted.add(update_id)
