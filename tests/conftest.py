@@ -22,7 +22,7 @@ import uvicorn
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from app.store.engine import create_sync_engine
+from app.store.engine import SQLITE_BEGIN, create_sync_engine
 from app.store.migrate import upgrade
 
 POSTGRES_URL = os.environ.get(
@@ -112,7 +112,9 @@ def table_rows(url: str, *columns: str, table: str = "telegram_updates") -> list
     """The table's rows, these columns, in key order (read with a plain synchronous engine)."""
     engine = create_sync_engine(url)
     try:
-        with engine.connect() as connection:
+        # A read: on SQLite, no BEGIN IMMEDIATE. A test polling with this every few ms would
+        # otherwise take the write lock each time and can starve the writers it waits for.
+        with engine.connect().execution_options(**{SQLITE_BEGIN: "DEFERRED"}) as connection:
             listed = ", ".join(columns)
             query = text(f"SELECT {listed} FROM {table} ORDER BY bot, update_id")
             return [tuple(row) for row in connection.execute(query)]

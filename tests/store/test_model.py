@@ -2,9 +2,10 @@
 against the real store (SQLite and PostgreSQL) and a small pure-Python model of SPEC sections 2
 and 4, and compares every answer and every row after every step.
 
-The rules: add (one update, or several of one chat), claim_owned, claim_next_owned (per-chat
-order or none, a bot filter, a limit, spent attempts), renew_owned, owns, settle_owned,
-exhaust, acknowledge (by identity, or as listed by due_exhaustions), prune, and the clock.
+The rules: add (one update, or several of one chat); claim and claim_owned; claim_next_owned
+(per-chat order or none, a bot filter, a limit, spent attempts); renew and renew_owned; owns;
+settle and settle_owned (the base methods match the attempt number alone); exhaust;
+acknowledge (by identity, or as listed by due_exhaustions); prune; and the clock.
 A transition's time is drawn around the clock or exactly at the row's due_at, the lease's
 last instant, where an off-by-one would hide.
 
@@ -51,8 +52,9 @@ START = 1_000
 bots = st.sampled_from(BOTS)
 update_ids = st.sampled_from(UPDATE_IDS)
 EDGE = "edge"  # an `at` exactly at the target row's due_at: the lease's last instant
-# A transition's `at`: around the model clock, or (often enough to matter) at the row's edge.
-offsets = st.one_of(st.integers(-3, 3), st.just(EDGE))
+PAST = "past"  # one millisecond after it: the first instant the lease has lapsed
+# A transition's `at`: around the clock, or (often enough to matter) either side of the edge.
+offsets = st.one_of(st.integers(-3, 3), st.sampled_from((EDGE, PAST)))
 queue_keys = st.sampled_from((None, "chat:1", "chat:2"))
 forgeries = st.sampled_from((None,) * 6 + ("attempt", "claim_id", "update_id", "bot"))
 
@@ -130,8 +132,9 @@ class StoreMachine(RuleBasedStateMachine):
     def at(self, identity: ClaimIdentity, offset: int | str) -> int:
         """The time a transition is asked at: around the clock, or the row's due_at."""
         row = self.model.get((identity.bot, identity.update_id))
-        if offset == EDGE:
-            return row.due_at if row is not None else self.clock
+        if offset in (EDGE, PAST):
+            edge = row.due_at if row is not None else self.clock
+            return edge + (offset == PAST)
         assert isinstance(offset, int)
         return self.clock + offset
 
@@ -183,22 +186,30 @@ class StoreMachine(RuleBasedStateMachine):
         lease=st.integers(1, 10),
         max_attempts=st.integers(1, 3),
         durable=st.booleans(),
+        fenced=st.booleans(),
     )
     def claim_owned(
-        self, key: tuple[str, int], lease: int, max_attempts: int, durable: bool
+        self, key: tuple[str, int], lease: int, max_attempts: int, durable: bool, fenced: bool
     ) -> Any:
+        """claim_owned, or (fenced=False) the base `claim`, which answers the attempt number
+        alone; on a revision 0002 table it mints a fresh claim_id all the same."""
         bot, update_id = key
         now = self.clock
-        identity = self.run(
-            self.store.claim_owned(
-                bot,
-                update_id,
-                now=now,
-                lease_until=now + lease,
-                max_attempts=max_attempts,
-                durable_exhaustion=durable,
+        options = {"now": now, "lease_until": now + lease, "max_attempts": max_attempts}
+        if fenced:
+            identity = self.run(
+                self.store.claim_owned(bot, update_id, **options, durable_exhaustion=durable)
             )
-        )
+        else:
+            attempt = self.run(
+                self.store.claim(bot, update_id, **options, durable_exhaustion=durable)
+            )
+            identity = None
+            if attempt is not None:
+                stored = self.run(self.store.get_update(bot, update_id))
+                assert stored is not None
+                assert stored.claim_id is not None
+                identity = ClaimIdentity(bot, update_id, attempt, stored.claim_id)
         row = self.model.get((bot, update_id))
         if row is None or not row.claimable(now):
             assert identity is None
@@ -214,12 +225,16 @@ class StoreMachine(RuleBasedStateMachine):
         # Spent: ended, no identity returned; a durable end keeps the last attempt's identity.
         assert identity is None
         assert row.claim_id is not None  # only a claimed row can be spent (max_attempts >= 1)
+        self._spent(row, now, durable)
+        return multiple()
+
+    @staticmethod
+    def _spent(row: Row, now: int, durable: bool) -> None:
         row.state, row.due_at, row.error = "abandoned", now, SPENT
         if durable:
             row.settled_at, row.exhausted_at = None, now
         else:
             row.settled_at = now
-        return multiple()
 
     # Most useful with something to take; an empty take is checked by the rule all the same.
     @precondition(lambda self: any(row.claimable(self.clock) for row in self.model.values()))
@@ -275,11 +290,7 @@ class StoreMachine(RuleBasedStateMachine):
                 row.state, row.attempts, row.due_at = "processing", identity.attempt, now + lease
                 row.claim_id, row.settled_at = identity.claim_id, None
             else:
-                row.state, row.due_at, row.error = "abandoned", now, SPENT
-                if durable:
-                    row.settled_at, row.exhausted_at = None, now
-                else:
-                    row.settled_at = now
+                self._spent(row, now, durable)
         assert returned == {}  # nothing returned that the rules did not allow
         return multiple(*(c.identity for c in claimed))
 
@@ -316,6 +327,7 @@ class StoreMachine(RuleBasedStateMachine):
         extend=st.integers(-5, 10),
         with_now=st.booleans(),
         offset=offsets,
+        fenced=st.booleans(),
     )
     def renew_owned(
         self,
@@ -324,15 +336,21 @@ class StoreMachine(RuleBasedStateMachine):
         extend: int,
         with_now: bool,
         offset: int | str,
+        fenced: bool,
     ) -> None:
+        """renew_owned, or (fenced=False) the base `renew`: the attempt number alone."""
         identity = forge(identity, field)
         lease_until = self.clock + extend
         now = self.at(identity, offset) if with_now else None
-        renewed = self.run(self.store.renew_owned(identity, lease_until, now))
+        if fenced:
+            renewed = self.run(self.store.renew_owned(identity, lease_until, now))
+        else:
+            bot, update_id, attempt = identity.bot, identity.update_id, identity.attempt
+            renewed = self.run(self.store.renew(bot, update_id, attempt, lease_until, now))
         row = self.model.get((identity.bot, identity.update_id))
         expected = (
             row is not None
-            and row.holds(identity)
+            and (row.holds(identity) if fenced else row.attempts == identity.attempt)
             and row.state == "processing"
             and (now is None or row.due_at >= now)
         )
@@ -355,10 +373,19 @@ class StoreMachine(RuleBasedStateMachine):
         kind=st.sampled_from(("completed", "failed", "abandoned")),
         offset=offsets,
         retry=st.integers(0, 10),
+        fenced=st.booleans(),
     )
     def settle_owned(
-        self, identity: ClaimIdentity, field: str | None, kind: str, offset: int | str, retry: int
+        self,
+        identity: ClaimIdentity,
+        field: str | None,
+        kind: str,
+        offset: int | str,
+        retry: int,
+        fenced: bool,
     ) -> None:
+        """settle_owned, or (fenced=False) the base `settle`: the attempt number alone, and
+        no answer (the rows, compared after every step, tell whether it took effect)."""
         identity = forge(identity, field)
         at = self.at(identity, offset)
         settlement = {
@@ -366,10 +393,20 @@ class StoreMachine(RuleBasedStateMachine):
             "failed": Failed(at, at + retry, "boom"),
             "abandoned": Abandoned(at, "gave up"),
         }[kind]
-        settled = self.run(self.store.settle_owned(identity, settlement))
         row = self.model.get((identity.bot, identity.update_id))
-        expected = row is not None and row.live(identity, at)
-        assert settled == expected
+        if fenced:
+            settled = self.run(self.store.settle_owned(identity, settlement))
+            expected = row is not None and row.live(identity, at)
+            assert settled == expected
+        else:
+            bot, update_id, attempt = identity.bot, identity.update_id, identity.attempt
+            self.run(self.store.settle(bot, update_id, attempt, settlement))
+            expected = (
+                row is not None
+                and row.attempts == attempt
+                and row.state == "processing"
+                and row.due_at >= at
+            )
         if not expected:
             return
         assert row is not None
@@ -472,7 +509,7 @@ def test_store_matches_the_model(storage: Storage) -> None:
             Machine,
             settings=settings(
                 max_examples=60,
-                stateful_step_count=25,
+                stateful_step_count=40,
                 deadline=None,
                 derandomize=True,  # the same examples on every run: CI stays deterministic
                 database=None,  # nothing saved between runs, nothing replayed
