@@ -20,7 +20,7 @@ router = APIRouter(tags=["operations"])
 def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
     """Refuse to serve a bot whose mode the live schema cannot carry."""
     for bot in settings.bots:
-        store.require(bot.capability, f"bot {bot.name!r} in {bot.mode} mode")
+        bot.require_schema(store)
 
 
 @router.get("/healthz")

@@ -132,7 +132,7 @@ class Dispatcher:
 
     async def start(self) -> None:
         for lane in self._lanes:
-            self._store.require(lane.bot.capability, f"bot {lane.name!r} in {lane.bot.mode} mode")
+            lane.bot.require_schema(self._store)
         await self._clock.sync()
         await self._settler.start()
         settings = self._settings
