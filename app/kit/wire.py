@@ -22,8 +22,9 @@ NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold a NUL character
 
 def _whole_number(value: object) -> object:
     """JSON Schema's `integer`, which the OpenAPI document promises: 467 and 467.0 alike;
-    never true, "467" or 467.5."""
-    if isinstance(value, float) and value.is_integer():
+    never true, "467" or 467.5. Past 2**53 a float no longer holds every whole number
+    (9007199254740993.0 reads as ...992): such a float is refused, never rounded."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
         return int(value)
     return value
 

@@ -235,6 +235,9 @@ class SqlUpdateStore:
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
+        """One write. On SQLite a transaction (BEGIN IMMEDIATE); on PostgreSQL the connection
+        autocommits, so each statement is its own transaction: a method that needs several
+        statements to commit together must use `transaction()` instead."""
         with translated_errors(self.table.name):
             async with self._write_lock, self._single.begin() as connection:
                 yield connection

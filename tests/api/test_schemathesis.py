@@ -37,11 +37,21 @@ class Served:
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._error: BaseException | None = None
         self.base = ""
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         if not self._ready.wait(30):
-            raise RuntimeError("the app did not start")
+            raise RuntimeError("the app did not start within 30 s")
+        if self._error is not None:
+            raise RuntimeError("the app did not start") from self._error
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as error:  # reported by __init__, or lost with the thread
+            self._error = error
+            self._ready.set()
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -82,11 +92,13 @@ async def _populate(store: Any) -> None:
 @pytest.fixture(scope="module")
 def served(postgres_admin: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     storage = Storage("postgresql", tmp_path_factory.mktemp("schemathesis"), postgres_admin)
-    app = Served(storage.url())
     try:
-        yield app
+        app = Served(storage.url())
+        try:
+            yield app
+        finally:
+            app.close()
     finally:
-        app.close()
         storage.drop()
 
 

@@ -145,11 +145,19 @@ def chaos_database(admin_url: str) -> Iterator[Database]:
         if user is not None:
             shutil.chown(directory, user)
         cluster = PrivateCluster(bindir, directory, free_port(), user)
-        cluster.init()
+        failed = True
         try:
+            cluster.init()
             yield cluster
+            failed = False
         finally:
-            cluster.stop()
+            # Stopped before its directory goes, even when starting it failed half-way; a
+            # failure to stop is raised only when it would hide no other error.
+            try:
+                cluster.stop()
+            except RuntimeError:
+                if not failed:
+                    raise
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

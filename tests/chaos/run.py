@@ -57,11 +57,13 @@ BOT_TOKEN = "123456:chaos-bot-token-AAEx9"
 AUDIT = """
 CREATE TABLE chaos_audit (
     id bigserial PRIMARY KEY,
+    kind text NOT NULL DEFAULT 'row',
     bot text, update_id bigint,
     old_state text, new_state text,
     old_attempts integer, new_attempts integer,
     old_claim_id text, new_claim_id text,
-    error text, acknowledged boolean
+    error text, acknowledged boolean,
+    fenced boolean
 );
 CREATE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -73,6 +75,26 @@ BEGIN
 END $$;
 CREATE TRIGGER chaos_audit AFTER UPDATE ON telegram_updates
     FOR EACH ROW EXECUTE FUNCTION chaos_audit();
+-- Each effect, in the same sequence as the row's changes, with the fence checked again at the
+-- moment of the write, independently of telegram_intake_owns: the writer's identity is the
+-- row's live claim, whose lease had not run out when the writing transaction began (now():
+-- before the owns check in it, so a lease that ran out in between is no false alarm).
+CREATE FUNCTION chaos_effect_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT state, attempts, claim_id, due_at INTO r FROM telegram_updates
+        WHERE bot = NEW.bot AND update_id = NEW.update_id;
+    INSERT INTO chaos_audit (kind, bot, update_id, old_state, new_state, old_attempts,
+                             new_attempts, old_claim_id, new_claim_id, fenced)
+    VALUES ('effect', NEW.bot, NEW.update_id, r.state, r.state, NEW.attempt, r.attempts,
+            NEW.claim_id, r.claim_id,
+            r.state = 'processing' AND r.attempts = NEW.attempt AND r.claim_id = NEW.claim_id
+            AND r.due_at >= floor(extract(epoch FROM now()) * 1000));
+    RETURN NULL;
+END $$;
+CREATE TRIGGER chaos_effect_audit AFTER INSERT ON chaos_effects
+    FOR EACH ROW EXECUTE FUNCTION chaos_effect_audit();
 """
 
 
@@ -111,6 +133,7 @@ class Report:
     order_violations: int = 0
     secrets_in_logs: int = 0
     workers_killed: int = 0
+    database_restarted: bool = False
     answers: Counter[int] = field(default_factory=Counter)
     load_seconds: float = 0.0
     drain_seconds: float = 0.0
@@ -332,11 +355,20 @@ class Faults:
         await self.crash_due.wait()
         await asyncio.to_thread(self._database.restart)
         await asyncio.to_thread(wait_until_up, self._database.url)
+        self._report.database_restarted = True
 
     async def stop(self) -> None:
+        """Stop killing; a crash under way finishes first (its thread cannot be stopped, and
+        the cluster must not be removed under it). A fault that failed is a problem."""
         self._stopping.set()
-        self.crashed.cancel()
-        await asyncio.gather(self._killer, self.crashed, return_exceptions=True)
+        if not self.crash_due.is_set():
+            self.crashed.cancel()
+        for task, fault in ((self._killer, "killing workers"), (self.crashed, "the crash")):
+            with contextlib.suppress(asyncio.CancelledError):
+                try:
+                    await task
+                except Exception as error:
+                    self._report.problems.append(f"{fault} failed: {error!r}")
 
 
 async def _load(plan: Plan, fleet: Fleet, faults: Faults, report: Report) -> set[int]:
@@ -417,7 +449,7 @@ def _judge(report: Report, database_url: str, journal: Path, accepted: set[int])
         }
         audit = connection.execute(
             "SELECT update_id, old_state, new_state, old_attempts, new_attempts, old_claim_id, "
-            "new_claim_id, error, acknowledged FROM chaos_audit ORDER BY id"
+            "new_claim_id, error, acknowledged, kind, fenced FROM chaos_audit ORDER BY id"
         ).fetchall()
         effects = {
             update_id: (attempt, claim_id)
@@ -479,10 +511,23 @@ def _judge_history(
     claims: set[str] = set()
     claimed: dict[int, set[tuple[int, str]]] = defaultdict(set)
     for entry in audit:
-        update_id, old_state, new_state, old_n, new_n, old_claim, new_claim, error, _ = entry
+        update_id, old_state, new_state, old_n, new_n, old_claim, new_claim, error = entry[:8]
+        kind, fenced = (entry[9], entry[10]) if len(entry) > 9 else ("row", None)
+        if kind == "effect":
+            # The writer's identity against the row's state at the moment of the write.
+            if not fenced:
+                _stale(report, f"update {update_id}: effect by {old_n}/{old_claim}, not the "
+                       f"live claim then ({new_state}, {new_n}/{new_claim})")  # fmt: skip
+            continue
         if (old_n, old_claim) != (new_n, new_claim):
-            # A claim: the next attempt, under a claim_id never used before.
-            if new_n != old_n + 1 or new_claim is None or new_claim in claims:
+            # A claim: of a row still to deliver, the next attempt, a claim_id never used.
+            if (
+                old_state not in ("pending", "processing", "failed")
+                or new_state != "processing"
+                or new_n != old_n + 1
+                or new_claim is None
+                or new_claim in claims
+            ):
                 _stale(report, f"update {update_id}: identity moved outside a claim: {entry}")
             claims.add(new_claim)
             claimed[update_id].add((new_n, new_claim))
@@ -497,7 +542,9 @@ def _judge_history(
         elif new_state == "completed" and not any(200 <= s < 300 for s in answers[identity]):
             _stale(report, f"update {update_id}: completed without a 2xx to {identity}")
         elif new_state == "abandoned" and not (
-            any(400 <= s < 500 and s != 409 for s in answers[identity]) or error == EXPIRED
+            any(400 <= s < 500 and s != 409 for s in answers[identity])
+            or error == EXPIRED
+            or (error or "").startswith(SPENT_ERROR)  # the last attempt failed retryably
         ):
             _stale(report, f"update {update_id}: exhausted without a 4xx to {identity}: {error}")
     for update_id, (attempt, claim_id) in effects.items():
