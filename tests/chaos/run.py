@@ -7,14 +7,16 @@ chat's updates in order, as Telegram does, retrying anything but a 200, and post
 updates a second time. Meanwhile a random worker is killed with SIGKILL every few seconds and
 started again, and PostgreSQL is crashed and restarted once, when half the updates are in.
 
-An audit trigger records every change of every row. At the end, with the queue drained:
+Audit triggers record every change of every row, and every effect in the same sequence with
+the fence checked again at the write. At the end, with the queue drained:
 - lost: an update answered 200 that is not completed or exhausted, or completed without its
   effect;
-- stale writes accepted: a row change that moved the identity other than as a claim (a new
-  attempt with a claim_id never seen before), that changed a row not held by a live claim, a
-  completion the downstream did not answer 2xx to that very identity, an exhaustion it did not
-  refuse with a 4xx (nor expiry nor spent attempts), an effect written by an identity that was
-  never a claim of its update, an acknowledged exhaustion never delivered;
+- stale writes accepted: a row change that moved the identity other than as a claim (of a row
+  still to deliver, the next attempt, a claim_id never seen before), that changed a row not
+  held by a live claim, a completion the downstream did not answer 2xx to that very identity,
+  an exhaustion it did not refuse with a 4xx (nor expiry nor spent attempts), an effect
+  written by anyone but the live claim of the moment, an acknowledged exhaustion never
+  delivered;
 - per-chat order: the downstream saw each chat's updates in update_id order;
 - secrets: no configured secret appears in any process's log.
 
