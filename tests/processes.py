@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 SECRET = "process-secret"
 ROOT = Path(__file__).resolve().parent.parent  # the repository: `examples` imports from here
 
@@ -58,6 +60,15 @@ class Process:
         code = self.popen.poll()
         assert code is None, f"{self.name} exited with {code}\n{self.report()}"
         return "worker started" in self.stderr
+
+    def answers(self, url: str) -> bool:
+        """GET `url` answers 200 (fails fast if the process died)."""
+        code = self.popen.poll()
+        assert code is None, f"{self.name} exited with {code}\n{self.report()}"
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
 
     def report(self) -> str:
         return (

@@ -98,10 +98,10 @@ class Api:
     app: FastAPI
 
     async def post(self, path: str, body: Any, *, key: str | None = KEY) -> httpx.Response:
-        return await self.http.post(path, json=body, headers=_bearer(key))
+        return await self.http.post(path, json=body, headers=bearer(key))
 
     async def get(self, path: str, *, key: str | None = KEY, **params: str | int) -> httpx.Response:
-        return await self.http.get(path, params=params, headers=_bearer(key))
+        return await self.http.get(path, params=params, headers=bearer(key))
 
     async def add(self, bot: str, update_id: int, *, received_at: int | None = None) -> None:
         received_at = now_ms() if received_at is None else received_at
@@ -149,7 +149,8 @@ class Api:
         return row
 
 
-def _bearer(key: str | None) -> dict[str, str]:
+def bearer(key: str | None) -> dict[str, str]:
+    """The Authorization header for `key` (none for None)."""
     return {} if key is None else {"authorization": f"Bearer {key}"}
 
 

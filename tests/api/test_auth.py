@@ -15,6 +15,7 @@ from tests.api.conftest import (
     OPERATIONS_KEY,
     SHOP_KEY,
     Api,
+    bearer,
     serving,
     wire,
 )
@@ -32,10 +33,6 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/v1/stats", None),
 ]
 NEEDS_A_KEY = {"error": "a valid API key is required: Authorization: Bearer <key>"}
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {key}"}
 
 
 async def test_every_route_answers_401_without_a_key(sqlite_api: Api) -> None:

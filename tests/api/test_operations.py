@@ -20,7 +20,6 @@ from tests.api.conftest import (
     update_body,
     wire,
 )
-from tests.api.test_auth import bearer
 
 # -- GET /v1/exhaustions -----------------------------------------------------------------------
 
@@ -314,7 +313,7 @@ V1_ROUTES = {
 async def test_the_openapi_document_lists_every_v1_route_behind_the_bearer_scheme(
     sqlite_api: Api,
 ) -> None:
-    response = await sqlite_api.http.get("/openapi.json", headers=bearer(SHOP_KEY))
+    response = await sqlite_api.get("/openapi.json", key=SHOP_KEY)
     assert response.status_code == 200
     document = response.json()
     listed = {
@@ -340,7 +339,7 @@ async def test_the_openapi_document_lists_every_v1_route_behind_the_bearer_schem
 
 
 async def test_the_openapi_document_carries_the_request_models_rules(sqlite_api: Api) -> None:
-    document = await sqlite_api.http.get("/openapi.json", headers=bearer(SHOP_KEY))
+    document = await sqlite_api.get("/openapi.json", key=SHOP_KEY)
     schemas = document.json()["components"]["schemas"]
     identity = schemas["Identity"]
     assert set(identity["required"]) == {"bot", "update_id", "attempt", "claim_id"}

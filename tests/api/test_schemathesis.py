@@ -23,7 +23,7 @@ from schemathesis import checks
 from app.config import Settings
 from app.main import create_app
 from app.store import open_store
-from tests.api.conftest import API_KEYS, BOTS, KEY, now_ms, update_body
+from tests.api.conftest import API_KEYS, BOTS, KEY, bearer, now_ms, update_body
 from tests.conftest import Storage, serve_asgi
 
 pytestmark = pytest.mark.slow
@@ -104,16 +104,14 @@ def served(postgres_admin: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def api_schema(served: Served) -> Any:
-    document = httpx.get(
-        f"{served.base}/openapi.json", headers={"authorization": f"Bearer {KEY}"}
-    ).json()
+    document = httpx.get(f"{served.base}/openapi.json", headers=bearer(KEY)).json()
     return schemathesis.openapi.from_dict(document).include(path_regex="^/v1/")
 
 
 def test_the_v1_api_answers_as_its_document_says(api_schema: Any, served: Served) -> None:
     # One hypothesis run per operation, driven here rather than through schemathesis's pytest
     # plugin (its collection hook does not work with this pytest).
-    headers = {"authorization": f"Bearer {KEY}"}
+    headers = bearer(KEY)
     operations = [result.ok() for result in api_schema.get_all_operations()]
     assert len(operations) == 7, [operation.label for operation in operations]
     for operation in operations:

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import random
 import signal
 import time
@@ -48,7 +47,7 @@ from app.store.queries import SPENT_ERROR
 from tests.chaos.cluster import Database, chaos_database, wait_until_up
 from tests.chaos.downstream import EFFECTS, fate
 from tests.downstream import message
-from tests.processes import ROOT, Process, free_port
+from tests.processes import ROOT, Process, environment, free_port
 
 BOT = "default"
 SECRET = "chaos-secret-token-7f3a"
@@ -192,6 +191,7 @@ class Fleet:
         self.all: list[Process] = []
         self.workers: list[Process] = []
         self.intake_urls: list[str] = []
+        self.intakes: list[Process] = []
 
     def _start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Process:
         process = Process(f"{name}-{len(self.all)}", self._directory, env or self._env, *args)
@@ -200,7 +200,9 @@ class Fleet:
 
     def intake(self) -> None:
         port = free_port()
-        self._start("intake", "serve", env={**self._env, "INTAKE_PORT": str(port)})
+        self.intakes.append(
+            self._start("intake", "serve", env={**self._env, "INTAKE_PORT": str(port)})
+        )
         self.intake_urls.append(f"http://127.0.0.1:{port}")
 
     def worker(self) -> None:
@@ -275,28 +277,25 @@ async def run(plan: Plan, directory: Path, admin_url: str) -> Report:
 
 
 def _environment(plan: Plan, database_url: str, downstream: str) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith("INTAKE_")}
-    env |= {
-        "INTAKE_DATABASE_URL": database_url,
-        "INTAKE_SECRET_TOKEN": SECRET,
-        "INTAKE_DOWNSTREAM_URL": f"{downstream}/hook",
-        "INTAKE_EXHAUSTION_URL": f"{downstream}/exhausted",
-        "INTAKE_DOWNSTREAM_SECRET_TOKEN": DOWNSTREAM_SECRET,
-        "INTAKE_SIGNING_SECRET": SIGNING_SECRET,
-        "INTAKE_API_KEYS": API_KEY,
-        "INTAKE_BOT_TOKEN": BOT_TOKEN,
-        "INTAKE_LEASE_SECONDS": str(plan.lease_seconds),
-        "INTAKE_FORWARD_TIMEOUT_SECONDS": str(plan.forward_timeout_seconds),
-        "INTAKE_RETRY_BASE_SECONDS": "0.05",
-        "INTAKE_RETRY_CAP_SECONDS": "0.5",
-        "INTAKE_BREAKER_COOLDOWN_SECONDS": "1",
-        "INTAKE_POLL_INTERVAL_SECONDS": "0.5",
-        "INTAKE_EXHAUSTION_RETRY_SECONDS": "1",
-        "INTAKE_SHUTDOWN_GRACE_SECONDS": "1",
-        "INTAKE_LOG_FORMAT": "json",
-        "PYTHONUNBUFFERED": "1",
-    }
-    return env
+    """Every process's settings: the tests' process environment, with the run's secrets (which
+    the logs must never show) and its leases, timeouts and pauses."""
+    return environment(
+        database_url,
+        f"{downstream}/hook",
+        secret_token=SECRET,
+        exhaustion_url=f"{downstream}/exhausted",
+        downstream_secret_token=DOWNSTREAM_SECRET,
+        signing_secret=SIGNING_SECRET,
+        api_keys=API_KEY,
+        bot_token=BOT_TOKEN,
+        lease_seconds=plan.lease_seconds,
+        forward_timeout_seconds=plan.forward_timeout_seconds,
+        retry_cap_seconds=0.5,
+        breaker_cooldown_seconds=1,
+        poll_interval_seconds=0.5,
+        exhaustion_retry_seconds=1,
+        log_format="json",
+    )
 
 
 def _prepare(database_url: str) -> None:
@@ -307,20 +306,15 @@ def _prepare(database_url: str) -> None:
 
 
 async def _ready(fleet: Fleet, within: float = 60.0) -> None:
+    def up() -> bool:
+        healthy = zip(fleet.intakes, fleet.intake_urls, strict=True)
+        return all(intake.answers(f"{url}/healthz") for intake, url in healthy) and all(
+            worker.started() for worker in fleet.workers
+        )
+
     deadline = time.monotonic() + within
-    async with aiohttp.ClientSession() as session:
-        for url in fleet.intake_urls:
-            while True:
-                try:
-                    async with session.get(f"{url}/healthz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                _before(deadline, fleet, "the intakes did not start")
-                await asyncio.sleep(0.2)
-    while not all(worker.started() for worker in fleet.workers):
-        _before(deadline, fleet, "the workers did not start")
+    while not await asyncio.to_thread(up):
+        _before(deadline, fleet, "the intakes and workers did not start")
         await asyncio.sleep(0.2)
 
 

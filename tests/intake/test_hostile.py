@@ -140,13 +140,7 @@ def intake(postgres_admin: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     served = Intake(process, port, url)
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                if served.http.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, process.report()
+        while not process.answers(f"{served.base}/healthz"):
             assert time.monotonic() < deadline, process.report()
             time.sleep(0.1)
         yield served
