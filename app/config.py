@@ -221,6 +221,15 @@ class Settings(BaseSettings, BotOptions):
     # with `key`, `bots` and `scopes` in the file.
     api_keys: Annotated[tuple[ApiKey, ...], NoDecode] = ()
 
+    # What any client that reaches the port may cost (app.http: docs/reliability.md).
+    header_timeout_seconds: float = Field(10, gt=0, le=3600)  # connect -> end of the head
+    body_timeout_seconds: float = Field(30, gt=0, le=3600)  # end of the head -> end of the body
+    keep_alive_seconds: int = Field(5, ge=1, le=3600)  # silence after a response
+    max_header_bytes: int = Field(16 << 10, ge=1024, le=1 << 20)  # request line and headers
+    max_headers: int = Field(100, ge=8, le=1000)
+    connection_limit: int = Field(4096, ge=16, le=1_000_000)  # open client connections
+    api_max_body_bytes: int = Field(64 << 10, ge=1024, le=64 << 20)  # /v1 request bodies
+
     # Intake.
     max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
     allowed_sources: Networks = ()  # empty: any source; "telegram" names Telegram's ranges

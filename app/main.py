@@ -8,37 +8,22 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from app import __version__, api, health
-from app.api import Keys, Services
+from app.api import Services
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.dispatch.clock import DatabaseClock
 from app.health import check_capability
 from app.heap import freeze_after_startup
+from app.http.guard import install_guard
 from app.intake.committer import GroupCommitter
 from app.intake.route import Intake
 from app.intake.route import router as intake_router
 from app.metrics import Metrics
 from app.store import open_store
-
-
-def server_config(app: FastAPI, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
-    """How uvicorn serves the app, for the command line and the tests alike."""
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        log_config=None,  # our handler (app.logs) formats uvicorn's lines too
-        access_log=False,
-        lifespan="on",
-        # The intake reads X-Forwarded-For itself, and only from INTAKE_TRUSTED_PROXIES.
-        proxy_headers=False,
-    )
 
 
 def create_app(
@@ -109,10 +94,13 @@ def create_app(
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
+        # No redirect from /path/ to /path: it would answer before any check, with a Location
+        # built from the client's own Host header.
+        redirect_slashes=False,
     )
+    install_guard(app, settings, metrics, mounted=tuple(mounts or ()))
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.api_keys = Keys(settings.api_keys)
     app.include_router(intake_router)
     app.include_router(health.router)
     api.install(app)

@@ -39,10 +39,18 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.config import Settings
+from app.http.guard import Refusal
+from app.http.server import CloseReason
 from app.store import BotStats, SqlUpdateStore, StoreError
 from app.store.types import STATES
 
-__all__ = ["CONTENT_TYPE", "AttemptMeters", "DatabaseStats", "IntakeMeters", "Metrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "AttemptMeters",
+    "DatabaseStats",
+    "IntakeMeters",
+    "Metrics",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,7 @@ IntakeResult = Literal[
     "duplicate",  # already recorded: 200, nothing changed
     "forbidden",  # unknown bot or wrong secret token: 403
     "source_refused",  # outside allowed_sources: 403
+    "encoded",  # a Content-Encoding, which nothing here decodes: 415
     "too_large",  # 413
     "invalid",  # not a Telegram update: 400
     "disconnected",  # the client went away before its body was read: 400
@@ -181,6 +190,20 @@ class Metrics:
             ["bot", "result"],
             registry=registry,
         )
+        closed = Counter(
+            PREFIX + "connections_closed",
+            "Client connections the server closed for a limit (docs/reliability.md).",
+            ["reason"],
+            registry=registry,
+        )
+        self._closed = {reason: closed.labels(reason) for reason in get_args(CloseReason)}
+        refused = Counter(
+            PREFIX + "requests_refused",
+            "Requests refused before any route ran, their body unread, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self._refused = {reason: refused.labels(reason) for reason in get_args(Refusal)}
         self.database = DatabaseStats(
             self.bots, cache_seconds=stats_cache_seconds, timeout_seconds=stats_timeout_seconds
         )
@@ -197,6 +220,12 @@ class Metrics:
             _bound(self._requests, bot, get_args(IntakeResult)),
             self._request_duration.labels(bot),
         )
+
+    def connection_closed(self, reason: CloseReason) -> None:
+        self._closed[reason].inc()
+
+    def request_refused(self, reason: Refusal) -> None:
+        self._refused[reason].inc()
 
     def dispatch(self, bot: str) -> AttemptMeters:
         """The dispatch counters of `bot`, for a dispatcher that delivers its updates."""

@@ -18,10 +18,12 @@ import uvicorn
 from fastapi import FastAPI
 
 from app import __version__, api, health
-from app.api import Keys, Services
+from app.api import Services
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.heap import freeze_after_startup
+from app.http.guard import install_guard
+from app.http.server import ConnectionLimits, server_config
 from app.metrics import Metrics
 from app.store import SqlUpdateStore, open_store
 
@@ -65,7 +67,7 @@ def health_app(
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics
-    app.state.api_keys = Keys(settings.api_keys)
+    install_guard(app, settings, metrics)
 
     async def wake() -> None:
         dispatcher.wake()
@@ -91,11 +93,12 @@ async def _serving(
     if settings.worker_port is None:
         yield
         return
-    from app.main import server_config
-
     metrics.database.watch(store, dispatcher.clock.now)
     app = health_app(settings, store, dispatcher, metrics)
-    server = _Server(server_config(app, host=settings.host, port=settings.worker_port))
+    limits = ConnectionLimits.of(settings, metrics.connection_closed)
+    server = _Server(
+        server_config(app, host=settings.host, port=settings.worker_port, limits=limits)
+    )
     serving = asyncio.create_task(server.serve())
     try:
         while not server.started:

@@ -29,7 +29,8 @@ from pydantic import SecretStr
 
 from app.config import BotSettings, Settings
 from app.intake.route import Intake
-from app.main import create_app, server_config
+from app.http.server import server_config
+from app.main import create_app
 from app.store import NewUpdate
 
 BOT = "bench"

@@ -137,7 +137,7 @@ async def serve_asgi(app: Any, *, port: int = 0) -> AsyncIterator[str]:
     """Run an ASGI app under uvicorn on 127.0.0.1:<ephemeral>, in a thread with its own event
     loop (as in production, the test's client does not share the server's loop); yields its
     base URL. `port` 0 takes an ephemeral one."""
-    from app.main import server_config
+    from app.http.server import server_config
 
     config = server_config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from app.api import claims, operations
-from app.api.deps import Credentials, Keys, Services, authenticated, bearer
+from app.api.deps import Credentials, Keys, Services, authenticated
 from app.store import SchemaError, StoreBusy, StoreError, StoreUnavailable
 
 __all__ = ["Keys", "Services", "install", "install_errors"]
@@ -36,14 +36,8 @@ def install_errors(app: FastAPI) -> None:
         return JSONResponse({"error": error.detail}, error.status_code, headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        if request.url.path.startswith("/v1/"):
-            # FastAPI decodes a JSON body before any dependency runs: without this, a caller
-            # with no valid key would learn that its body is malformed before the 401.
-            try:
-                authenticated(request, await bearer(request))
-            except HTTPException as refused:
-                return await http_error(request, refused)
+    async def invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
+        # A caller without a valid key never gets here: the request guard refused it first.
         problems = []
         for problem in error.errors():
             where = ".".join(str(part) for part in problem["loc"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from app.api.deps import REFUSALS, Callback, CallbackOrOperations, Grant
+from app.api.deps import REFUSALS, Callback, CallbackOrOperations, Grant, StrictJsonRoute
 from app.config import BotSettings
 from app.dispatch.policy import Outcome, retry_delay_ms
 from app.kit.wire import (
@@ -22,6 +22,7 @@ from app.kit.wire import (
 from app.store import Abandoned, ClaimIdentity, Completed, Failed
 
 router = APIRouter(
+    route_class=StrictJsonRoute,
     prefix="/v1",
     tags=["callback"],
     responses={

@@ -1,22 +1,26 @@
 """What every `/v1` route depends on: the bearer key that grants it, and the service's parts.
 
 Keys come from `INTAKE_API_KEYS` (full access) or `[[api_keys]]` tables (limited to some bots
-and to `callback` or `operations` use). A request without a valid key is 401; a valid key
-used outside its bots or scope is 403. The given key is compared with every configured key in
-constant time, and the loop never stops early, so timing tells nothing about any key.
+and to `callback` or `operations` use). A request without a valid key is 401, from the request
+guard (`app.http.guard`) before its body is read; the guard leaves the key it found in the
+scope, under `API_KEY_SCOPE`. A valid key used outside its bots or scope is 403. The given key
+is compared with every configured key in constant time, and the loop never stops early, so
+timing tells nothing about any key.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.config import ApiKey, BotSettings, Scope, Settings
+from app.http.strict_json import NotJson, read_json
 from app.kit.wire import Problem
 from app.store import SqlUpdateStore
 
@@ -26,6 +30,9 @@ bearer = HTTPBearer(
     "`Authorization: Bearer <key>`.",
 )
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+API_KEY_SCOPE = "telegram_intake.api_key"
+KEY_REQUIRED = "a valid API key is required: Authorization: Bearer <key>"
+NO_KEYS = "no API keys are configured (INTAKE_API_KEYS)"
 
 
 @dataclass(frozen=True)
@@ -80,16 +87,11 @@ class Grant:
 
 
 def authenticated(request: Request, credentials: HTTPAuthorizationCredentials | None) -> ApiKey:
-    """The request's valid key: 401 without one."""
-    keys: Keys = request.app.state.api_keys
-    key = None if credentials is None else keys.find(credentials.credentials)
-    if key is None:
-        problem = (
-            "no API keys are configured (INTAKE_API_KEYS)"
-            if not request.app.state.settings.api_keys
-            else "a valid API key is required: Authorization: Bearer <key>"
-        )
-        raise HTTPException(401, problem, headers={"WWW-Authenticate": "Bearer"})
+    """The request's valid key, as the request guard found it: 401 without one. (`credentials`
+    puts the bearer scheme in the OpenAPI document.)"""
+    key: ApiKey | None = request.scope.get(API_KEY_SCOPE)
+    if key is None:  # only an app without the guard in front
+        raise HTTPException(401, KEY_REQUIRED, headers={"WWW-Authenticate": "Bearer"})
     return key
 
 
@@ -106,10 +108,37 @@ def granted(*scopes: Scope) -> Callable[[Request, Credentials], Awaitable[Grant]
     return check
 
 
+class _StrictJsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            try:
+                _, self._json = read_json(await self.body())
+            except NotJson as error:
+                raise HTTPException(400, str(error)) from None
+        return self._json
+
+
+class StrictJsonRoute(APIRoute):
+    """A route whose JSON body is read by the webhook's reader (`app.http.strict_json`): one
+    set of rules for both, and a body that is not JSON is 400 as it is there; JSON that does
+    not fit the route's model is 422."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictJsonRequest(request.scope, request.receive))
+
+        return strict
+
+
 # The refusals every /v1 route may answer, for the OpenAPI document.
 REFUSALS: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "the body is not strict JSON (docs/api.md)"},
     401: {"model": Problem, "description": "no valid API key"},
     403: {"model": Problem, "description": "the key may not act for this bot or scope"},
+    413: {"model": Problem, "description": "the body is over INTAKE_API_MAX_BODY_BYTES"},
+    415: {"model": Problem, "description": "a Content-Encoding: none is accepted"},
     503: {"model": Problem, "description": "the database is unavailable; retry"},
 }
 

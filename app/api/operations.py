@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
-from app.api.deps import REFUSALS, Operations
+from app.api.deps import REFUSALS, Operations, StrictJsonRoute
 from app.kit.wire import (
     BOT_PATTERN,
     MAX_BIGINT,
@@ -20,6 +20,7 @@ from app.kit.wire import (
 )
 
 router = APIRouter(
+    route_class=StrictJsonRoute,
     prefix="/v1",
     tags=["operations"],
     responses={

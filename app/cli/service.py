@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 
 from app.config import ApiKey, BotSettings, Settings
 from app.demo import demo_downstream
+from app.http.server import ConnectionLimits, server_config
 from app.store import StoreError, migrate
 from app.store.engine import normalise_url
 
@@ -109,10 +110,13 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if normalise_url(settings.database_url).get_backend_name() == "sqlite":
         # The embedded default migrates itself; PostgreSQL is migrated by the operator.
         migrate.upgrade(settings.database_url, table=settings.table)
-    from app.main import create_app, server_config
+    from app.main import create_app
+    from app.metrics import Metrics
 
-    app = create_app(settings, workers=workers, mounts=mounts)
-    server = uvicorn.Server(server_config(app, host=args.host, port=args.port))
+    metrics = Metrics.of(settings)
+    app = create_app(settings, workers=workers, mounts=mounts, metrics=metrics)
+    limits = ConnectionLimits.of(settings, metrics.connection_closed)
+    server = uvicorn.Server(server_config(app, host=args.host, port=args.port, limits=limits))
     server.run(sockets=listening)
     return 0 if server.started else 1  # uvicorn has logged why it could not start
 
@@ -170,9 +174,8 @@ def _demo_downstream(settings: Settings, args: argparse.Namespace) -> int:
         signing_secret=None if signing is None else signing.get_secret_value(),
         secret_token=None if token is None else token.get_secret_value(),
     )
-    from app.main import server_config
-
-    server = uvicorn.Server(server_config(app, host=host, port=args.port))  # type: ignore[arg-type]
+    limits = ConnectionLimits.of(settings)
+    server = uvicorn.Server(server_config(app, host=host, port=args.port, limits=limits))
     server.run()
     return 0 if server.started else 1
 

@@ -4,9 +4,11 @@ Checks run in this order, and nothing invalid is ever stored:
 1. unknown bot, or a missing or wrong `X-Telegram-Bot-Api-Secret-Token` -> 403, the same for
    both, decided before the body is read, the secret compared in constant time;
 2. a source outside the allowlist -> 403;
-3. a body over `max_body_bytes` (declared or streamed) -> 413;
-4. not UTF-8 JSON, not an object, or no non-negative integer `update_id` -> 400;
-5. otherwise the row is recorded (group commit) and 200 is sent after the commit; a
+3. a `Content-Encoding` (nothing here decodes one) -> 415;
+4. a body over `max_body_bytes` (declared or streamed) -> 413;
+5. not strict JSON (`app.http.strict_json`: UTF-8, no duplicate names, no lone surrogate, no
+   number beyond a double), not an object, or no integer `update_id` in [0, 2**63-1] -> 400;
+6. otherwise the row is recorded (group commit) and 200 is sent after the commit; a
    duplicate is 200 too and changes nothing; no commit confirmed in time -> 503 + Retry-After.
 
 Each answer is counted by bot and result, with its latency (`app.metrics`).
@@ -25,6 +27,8 @@ from fastapi import APIRouter, Request, Response
 from starlette.requests import ClientDisconnect
 
 from app.config import Settings
+from app.http.guard import unsupported_encoding
+from app.http.strict_json import NotJson, read_json
 from app.intake.committer import CommitFailed, GroupCommitter
 from app.intake.sources import client_address, source_allowed
 from app.intake.updates import classify
@@ -68,6 +72,7 @@ class Intake:
         self._meters = {bot.name: metrics.intake(bot.name) for bot in settings.bots}
         self._unknown: IntakeMeters = metrics.intake(UNKNOWN_BOT)
         self._too_large = _error(413, f"body over {settings.max_body_bytes} bytes")
+        self._encoded = _error(415, "no Content-Encoding is accepted: send the JSON as it is")
         self._unavailable = _error(
             503,
             "the update could not be recorded; Telegram will deliver it again",
@@ -95,6 +100,8 @@ class Intake:
             source = client_address(peer, forwarded, settings.trusted_proxies)
             if not source_allowed(source, settings.allowed_sources):
                 return "source_refused", FORBIDDEN
+        if unsupported_encoding(request.headers.get("content-encoding")):
+            return "encoded", self._encoded
         try:
             body = await self._read_body(request)
         except ClientDisconnect:
@@ -130,24 +137,12 @@ class Intake:
         return b"".join(chunks)
 
 
-def _not_json(constant: str) -> Any:
-    """NaN and Infinity: Python's json reads them, JSON (and Telegram) has no such thing."""
-    raise ValueError(f"{constant} is not JSON")
-
-
-# Built once: json.loads with any option builds a decoder on every call.
-_DECODER = json.JSONDecoder(parse_constant=_not_json)
-
-
 def _parse(body: bytes) -> tuple[str, dict[str, Any] | None, str]:
     """The body as text and the update object; or None and what is wrong with it."""
     try:
-        text = body.decode("utf-8")
-        update = _DECODER.decode(text)
-    except UnicodeDecodeError:
-        return "", None, "body is not UTF-8"
-    except (ValueError, RecursionError):
-        return "", None, "body is not JSON"
+        text, update = read_json(body)
+    except NotJson as error:
+        return "", None, str(error)
     if not isinstance(update, dict):
         return "", None, "body is not a JSON object"
     update_id = update.get("update_id")
@@ -168,6 +163,7 @@ router = APIRouter()
         400: {"description": "Not a Telegram update"},
         403: {"description": "Unknown bot, wrong secret token, or source not allowed"},
         413: {"description": "Body over max_body_bytes"},
+        415: {"description": "A Content-Encoding: the body must come as it is"},
         503: {"description": "Not recorded; Telegram retries after Retry-After"},
     },
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from pydantic.config import JsonDict
 
 # The store's rules for these fields (app.store.validate), as constraints a client can read.
@@ -20,21 +20,13 @@ MAX_ERROR_LENGTH = 2_000
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold a NUL character
 
 
-def _whole_number(value: object) -> object:
-    """JSON Schema's `integer`, which the OpenAPI document promises: 467 and 467.0 alike;
-    never true, "467" or 467.5. Past 2**53 a float no longer holds every whole number
-    (9007199254740993.0 reads as ...992): such a float is refused, never rounded."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
-        return int(value)
-    return value
-
-
-# After the constraints: before them, pydantic would publish `ge`/`le` instead of
-# `minimum`/`maximum` in the JSON schema.
-WHOLE = BeforeValidator(_whole_number)
+# An integer field takes an integer literal only (467, never 467.0, true or "467"): the same
+# rule as the webhook's update_id, and the one every strict JSON reader keeps (a literal with
+# a fraction or an exponent is a number with a fraction, which past 2**53 no longer holds every
+# whole number). `app.http.strict_json` reads every body first.
 BotName = Annotated[str, Field(pattern=BOT_PATTERN, examples=["default"])]
-UpdateId = Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT, examples=[123456789]), WHOLE]
-EpochMillis = Annotated[StrictInt, Field(description="epoch milliseconds"), WHOLE]
+UpdateId = Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT, examples=[123456789])]
+EpochMillis = Annotated[StrictInt, Field(description="epoch milliseconds")]
 
 
 class Message(BaseModel):
@@ -52,7 +44,7 @@ class Identity(Message):
 
     bot: BotName
     update_id: UpdateId
-    attempt: Annotated[StrictInt, Field(ge=1, le=MAX_INTEGER, examples=[1]), WHOLE]
+    attempt: Annotated[StrictInt, Field(ge=1, le=MAX_INTEGER, examples=[1])]
     claim_id: Annotated[
         str,
         Field(
@@ -77,7 +69,7 @@ class Owned(Message):
 
 
 class RenewRequest(Identity):
-    lease_ms: Annotated[StrictInt, Field(ge=1, le=86_400_000), WHOLE] | None = Field(
+    lease_ms: Annotated[StrictInt, Field(ge=1, le=86_400_000)] | None = Field(
         None, description="the new lease, from now; default the bot's lease_seconds"
     )
 
@@ -115,7 +107,7 @@ class SettleRequest(Identity):
     error: (
         Annotated[str, Field(min_length=1, max_length=MAX_ERROR_LENGTH, pattern=NO_NUL)] | None
     ) = None
-    retry_after_ms: Annotated[StrictInt, Field(ge=0, le=7 * 86_400_000), WHOLE] | None = Field(
+    retry_after_ms: Annotated[StrictInt, Field(ge=0, le=7 * 86_400_000)] | None = Field(
         None, description="failed only: when to retry (capped by the bot's retry_after_cap)"
     )
 

@@ -50,6 +50,8 @@ MALFORMED: list[tuple[str, Any]] = [
     ("update_id", -1),
     ("update_id", "1"),
     ("update_id", 1.5),
+    ("update_id", 1.0),  # an integer is written as one, as the webhook's update_id (issue 20)
+    ("attempt", 1.0),
     ("attempt", 0),
     ("attempt", True),
     ("attempt", "1"),
@@ -73,10 +75,8 @@ async def test_a_malformed_identity_is_422_naming_the_field_and_changes_nothing(
         assert response.status_code == 422, case
         assert f"body.{field}" in response.json()["error"], case
         assert await api.row() == before, case
-    # The well-formed identity settles: the 422s were about the malformed fields alone. A
-    # whole number written 1.0 is one: JSON Schema's `integer`, as the document says.
-    whole = {**wire(identity, outcome="completed"), "attempt": float(identity.attempt)}
-    settled = await api.post("/v1/claims/settle", whole)
+    # The well-formed identity settles: the 422s were about the malformed fields alone.
+    settled = await api.post("/v1/claims/settle", wire(identity, outcome="completed"))
     assert settled.json() == {"settled": True}
 
 

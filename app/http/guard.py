@@ -1,0 +1,179 @@
+"""The request guard: refusals decided from a request's head alone, before any route runs and
+before a byte of its body is read. An ASGI middleware, outermost in every app of ours.
+
+- Two `Authorization` headers, or two `X-Telegram-Bot-Api-Secret-Token`, or two
+  `Content-Encoding`: 400. Servers and proxies disagree on which one counts.
+- Every path but `/telegram/{bot}`, `/healthz` and `/readyz` needs a valid bearer key: 401
+  without one, the body unread (FastAPI reads a JSON body before any dependency runs, so a
+  route's own check would come after the whole body sat in memory). The key found is kept
+  in the scope, where `app.api.deps` takes it.
+- Behind a key: a `Content-Encoding` other than `identity` is 415 (nothing here decodes one),
+  and a body over `api_max_body_bytes`, declared or as it streams in, is 413.
+
+The webhook route makes the same encoding and size checks itself, after its secret (a wrong
+secret is 403 before anything about the body). Each refusal is counted
+(`telegram_intake_requests_refused_total{reason}`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+from fastapi.security.utils import get_authorization_scheme_param
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.deps import API_KEY_SCOPE, KEY_REQUIRED, NO_KEYS, Keys
+from app.config import ApiKey, Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from app.metrics import Metrics
+
+__all__ = ["PUBLIC_PATHS", "Refusal", "RequestGuard", "install_guard", "unsupported_encoding"]
+
+Refusal = Literal["duplicate_header", "unauthenticated", "encoding", "too_large"]
+# What answers without a key: Telegram's route and the probes.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+WEBHOOK_PREFIX = "/telegram/"
+# Headers that must come at most once.
+_SINGLE = {
+    b"authorization": "Authorization",
+    b"x-telegram-bot-api-secret-token": "X-Telegram-Bot-Api-Secret-Token",
+    b"content-encoding": "Content-Encoding",
+}
+
+
+def unsupported_encoding(value: str | bytes | None) -> bool:
+    """Whether a Content-Encoding header names an encoding (nothing here decodes any)."""
+    if value is None:
+        return False
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return value.strip().lower() != "identity"
+
+
+class RequestGuard:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keys: Keys,
+        no_keys: bool,
+        max_body_bytes: int,
+        refused: Callable[[Refusal], None] | None = None,
+        mounted: tuple[str, ...] = (),
+    ) -> None:
+        self.app = app
+        # Apps mounted beside ours (the demo downstream) check their own callers.
+        self._open_prefixes = (WEBHOOK_PREFIX, *(f"{path.rstrip('/')}/" for path in mounted))
+        self._keys = keys
+        self._unauthenticated = NO_KEYS if no_keys else KEY_REQUIRED
+        self._max_body_bytes = max_body_bytes
+        self._refused = refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        once: dict[bytes, bytes] = {}
+        declared: bytes | None = None
+        for name, value in scope["headers"]:
+            if name in _SINGLE:
+                if name in once:
+                    await self._refuse(
+                        send, "duplicate_header", 400, f"more than one {_SINGLE[name]} header"
+                    )
+                    return
+                once[name] = value
+            elif name == b"content-length":
+                declared = value
+        path: str = scope["path"]
+        if path.startswith(self._open_prefixes) or path in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        key = self._key(once.get(b"authorization"))
+        if key is None:
+            await self._refuse(
+                send,
+                "unauthenticated",
+                401,
+                self._unauthenticated,
+                [(b"www-authenticate", b"Bearer")],
+            )
+            return
+        if unsupported_encoding(once.get(b"content-encoding")):
+            await self._refuse(send, "encoding", 415, "no Content-Encoding is accepted")
+            return
+        limit = self._max_body_bytes
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(send, "too_large", 413, f"body over {limit} bytes")
+            return
+        scope[API_KEY_SCOPE] = key
+        await self.app(scope, self._capped(receive), send)
+
+    def _key(self, authorization: bytes | None) -> ApiKey | None:
+        if authorization is None:
+            return None
+        scheme, token = get_authorization_scheme_param(authorization.decode("latin-1"))
+        return self._keys.find(token) if scheme.lower() == "bearer" and token else None
+
+    def _capped(self, receive: Receive) -> Receive:
+        """`receive`, refusing (413, through the app's error handler) past the body limit."""
+        limit = self._max_body_bytes
+        size = 0
+
+        async def capped() -> Message:
+            nonlocal size
+            message = await receive()
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > limit:
+                    if self._refused is not None:
+                        self._refused("too_large")
+                    raise HTTPException(413, f"body over {limit} bytes")
+            return message
+
+        return capped
+
+    async def _refuse(
+        self,
+        send: Send,
+        reason: Refusal,
+        status: int,
+        message: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        if self._refused is not None:
+            self._refused(reason)
+        body = json.dumps({"error": message}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(body)),
+                    *(headers or []),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def install_guard(
+    app: FastAPI, settings: Settings, metrics: Metrics, mounted: tuple[str, ...] = ()
+) -> None:
+    """Put the request guard in front of `app`, with the keys and limits of `settings`; the
+    apps `mounted` at those paths are left to check their own callers."""
+    app.add_middleware(
+        RequestGuard,
+        keys=Keys(settings.api_keys),
+        no_keys=not settings.api_keys,
+        max_body_bytes=settings.api_max_body_bytes,
+        refused=metrics.request_refused,
+        mounted=mounted,
+    )

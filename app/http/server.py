@@ -1,0 +1,338 @@
+"""How uvicorn serves the service's apps, with the connection limits of a server exposed to
+anyone who can reach its port.
+
+uvicorn by itself closes only keep-alive connections that stay silent: a connection that never
+sends a byte, sends half a request head or half a body stays open for ever, and a request head
+may grow without bound. `GuardedProtocol` (uvicorn's httptools protocol, with limits) adds:
+
+- the request head in time, `header_timeout_seconds` (10): from the connection's start, or
+  from the first byte of a request that follows another, to the end of its head; closed (with
+  408 when a head had begun);
+- the body in time, `body_timeout_seconds` (30): from the end of the head to the end of the
+  body; closed;
+- keep-alive, `keep_alive_seconds` (5): no byte after a response; closed (uvicorn's timer);
+- the head's size, `max_header_bytes` (16 KiB), request line and headers together, and its
+  header count, `max_headers` (100): 431, closed;
+- open connections, `connection_limit` (4,096): a new connection past it closes the one that
+  has waited longest for a request head (itself, when every other one is busy).
+
+So thousands of idle or trickling connections cost a bounded number of file descriptors and
+bytes, and a real request (Telegram sends its head at once) is still answered. Every close is
+counted in `telegram_intake_connections_closed_total{reason}` and logged at most once a minute
+per reason, with the count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args
+
+import httptools
+import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+__all__ = ["CloseReason", "ConnectionLimits", "GuardedProtocol", "server_config"]
+
+log = logging.getLogger(__name__)
+
+CloseReason = Literal["header_timeout", "body_timeout", "header_too_large", "evicted"]
+# File descriptors kept for what is not a client connection: the database pool, the
+# forwarding client's connections, log files, the listening sockets.
+RESERVED_DESCRIPTORS = 512
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one server allows each client connection (the module's table)."""
+
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 30.0
+    keep_alive_seconds: int = 5
+    max_header_bytes: int = 16 * 1024
+    max_headers: int = 100
+    connection_limit: int = 4096
+    # Told of every connection the limits close (the metrics' counter).
+    on_close: Callable[[CloseReason], None] | None = None
+
+    @classmethod
+    def of(
+        cls, settings: Any, on_close: Callable[[CloseReason], None] | None = None
+    ) -> ConnectionLimits:
+        """The limits `settings` (app.config.Settings) names."""
+        return cls(
+            header_timeout_seconds=settings.header_timeout_seconds,
+            body_timeout_seconds=settings.body_timeout_seconds,
+            keep_alive_seconds=settings.keep_alive_seconds,
+            max_header_bytes=settings.max_header_bytes,
+            max_headers=settings.max_headers,
+            connection_limit=settings.connection_limit,
+            on_close=on_close,
+        )
+
+    def usable_connection_limit(self) -> int:
+        """`connection_limit`, within what the process may open: the soft limit on open files
+        is raised toward the hard one as far as needed, and the limit lowered below what
+        remains (uvicorn would otherwise stop accepting, for everyone, when files run out)."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = self.connection_limit + RESERVED_DESCRIPTORS
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (ValueError, OSError):
+                pass
+        if soft == resource.RLIM_INFINITY or soft >= wanted:
+            return self.connection_limit
+        usable = max(soft - RESERVED_DESCRIPTORS, 16)
+        log.warning(
+            "connection_limit %d lowered to %d: the process may open %d files",
+            self.connection_limit,
+            usable,
+            soft,
+        )
+        return usable
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the request head is over a limit."""
+
+
+class _Reporter:
+    """Counts closes, and logs them at most once a minute per reason."""
+
+    def __init__(self, on_close: Callable[[CloseReason], None] | None) -> None:
+        self._on_close = on_close
+        self._unlogged: dict[CloseReason, int] = dict.fromkeys(get_args(CloseReason), 0)
+        self._logged_at: dict[CloseReason, float] = dict.fromkeys(get_args(CloseReason), -60.0)
+
+    def closed(self, reason: CloseReason) -> None:
+        if self._on_close is not None:
+            self._on_close(reason)
+        self._unlogged[reason] += 1
+        now = time.monotonic()
+        if now - self._logged_at[reason] >= 60:
+            log.warning(
+                "closed %d client connection(s) for %s since the last report",
+                self._unlogged[reason],
+                reason.replace("_", " "),
+            )
+            self._unlogged[reason] = 0
+            self._logged_at[reason] = now
+
+
+# Where the parser is: no byte of a request yet, in its head, in its body, or done with it
+# (the app answers; the next request has not begun).
+_IDLE, _HEAD, _BODY, _DONE = range(4)
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the module's limits. One subclass per server
+    (`guarded_protocol`) holds that server's limits and its connections waiting for a head."""
+
+    limits: ClassVar[ConnectionLimits]
+    usable_connections: ClassVar[int]
+    reporter: ClassVar[_Reporter]
+    # Connections waiting for (or reading) a request head, oldest first: a dict as an
+    # ordered set, so that eviction takes the longest-waiting one in O(1).
+    waiting: ClassVar[dict[GuardedProtocol, None]]
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._stage = _IDLE
+        self._fed = 0  # bytes fed to the parser while the current head was incomplete
+        self._parsed = 0  # bytes of the head's complete parts (request line, headers)
+        self._header_count = 0
+        self._deadline: asyncio.TimerHandle | None = None
+
+    # -- the connection ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout_seconds, "header_timeout")
+        self.waiting[self] = None
+        if len(self.connections) > self.usable_connections:
+            # The connection that has waited longest for a head (at worst this one: every
+            # other is busy with a request) makes room.
+            oldest = next(iter(self.waiting))
+            oldest._close("evicted")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.waiting.pop(self, None)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's own data_received, plus the head's size and the deadlines.
+        self._unset_keepalive_if_required()
+        # Only a chunk that starts before or inside a head counts toward it: one that starts
+        # in a body may end in the next head, and its body bytes are no header's.
+        counting = self._stage in (_IDLE, _HEAD)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError as error:
+            if isinstance(error.__context__, _HeadTooLarge):
+                self._refuse(431, "Request Header Fields Too Large", "header_too_large")
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        if self._stage in (_IDLE, _HEAD):
+            if counting:
+                # The callbacks see only complete parts, and a header line can grow without
+                # end inside the parser: what was fed of an incomplete head counts too.
+                self._fed += len(data)
+                if self._fed > self.limits.max_header_bytes:
+                    self._refuse(431, "Request Header Fields Too Large", "header_too_large")
+                    return
+            if self._deadline is None:
+                self._arm(self.limits.header_timeout_seconds, "header_timeout")
+        elif self._stage == _BODY and self._deadline is None:
+            self._arm(self.limits.body_timeout_seconds, "body_timeout")
+
+    # -- parser callbacks --------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._stage = _HEAD
+        self._parsed = 0
+        self._header_count = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._parsed += len(url)
+        if self._parsed > self.limits.max_header_bytes:
+            raise _HeadTooLarge
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed += len(name) + len(value) + 4  # ": " and CRLF
+        self._header_count += 1
+        if (
+            self._parsed > self.limits.max_header_bytes
+            or self._header_count > self.limits.max_headers
+        ):
+            raise _HeadTooLarge
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._stage = _BODY
+        self._fed = 0
+        self._disarm()
+        self.waiting.pop(self, None)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._stage = _DONE
+        self._disarm()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._stage == _DONE:
+            self._stage = _IDLE
+        if not self.transport.is_closing() and not self.pipeline and self._stage == _IDLE:
+            # Waiting for the next request: uvicorn's keep-alive timer runs until a byte
+            # comes, then the head's own deadline (armed in data_received).
+            self.waiting[self] = None
+
+    # -- limits ------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, reason: CloseReason) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._timed_out, reason)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _timed_out(self, reason: CloseReason) -> None:
+        self._deadline = None
+        if reason == "header_timeout" and self._stage == _HEAD:
+            self._refuse(408, "Request Timeout", reason)
+        else:
+            self._close(reason)
+
+    def _refuse(self, status: int, message: str, reason: CloseReason) -> None:
+        """Answer `status` and close: only ever before the request reached the app."""
+        if not self.transport.is_closing():
+            body = message.encode()
+            self.transport.write(
+                b"".join(
+                    [
+                        STATUS_LINE[status],
+                        b"content-type: text/plain; charset=utf-8\r\n",
+                        b"content-length: %d\r\n" % len(body),
+                        b"connection: close\r\n\r\n",
+                        body,
+                    ]
+                )
+            )
+        self._close(reason)
+
+    def _close(self, reason: CloseReason) -> None:
+        self._disarm()
+        self.waiting.pop(self, None)
+        if not self.transport.is_closing():
+            self.reporter.closed(reason)
+            self.transport.close()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
+    """A protocol class for one server, with `limits`."""
+    return type(
+        "GuardedProtocol",
+        (GuardedProtocol,),
+        {
+            "limits": limits,
+            "usable_connections": limits.usable_connection_limit(),
+            "reporter": _Reporter(limits.on_close),
+            "waiting": {},
+        },
+    )
+
+
+def server_config(
+    app: ASGIApp,
+    *,
+    host: str,
+    port: int,
+    limits: ConnectionLimits | None = None,
+    log_level: str = "info",
+) -> uvicorn.Config:
+    """How uvicorn serves an app of ours, for the command line and the tests alike."""
+    limits = limits or ConnectionLimits()
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_seconds,
+        log_level=log_level,
+        log_config=None,  # our handler (app.logs) formats uvicorn's lines too
+        access_log=False,
+        lifespan="on",
+        # The intake reads X-Forwarded-For itself, and only from INTAKE_TRUSTED_PROXIES.
+        proxy_headers=False,
+    )

@@ -1,0 +1,88 @@
+"""The one JSON reader of the service: the webhook's bodies and the `/v1` API's alike.
+
+A body is read only if every strict parser a downstream may use would read it the same way,
+which is I-JSON (RFC 7493) on top of RFC 8259:
+- UTF-8, and nothing else: no byte-order mark, no UTF-16 or UTF-32;
+- no duplicate member names (parsers disagree on which one wins);
+- no lone UTF-16 surrogate escape (`"\\ud800"`): no UTF-8 text can carry it;
+- no number beyond a double's range (`1e999999999`), no NaN or Infinity, no integer of more
+  than 4,300 digits (Python's limit for int());
+- nesting no deeper than the parser's recursion limit.
+
+`\\u0000` is valid JSON and I-JSON allows it, so it is read and kept: the body is stored as
+text, verbatim, where it stays the six characters of its escape. PostgreSQL's `jsonb` refuses
+it; a downstream that casts bodies to `jsonb` must expect it (Telegram has not been seen to
+send it). Noncharacters (U+FFFE, U+FFFF, ...) are valid UTF-8 and are kept too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+__all__ = ["NotJson", "read_json"]
+
+
+class NotJson(ValueError):
+    """The body is not strict JSON; `str(error)` says what is wrong, for a 400."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    built = dict(pairs)
+    if len(built) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise NotJson(
+                    f"body is not JSON: the name {name[:64]!r} appears twice in an object"
+                )
+            seen.add(name)
+    return built
+
+
+def _float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise NotJson("body is not JSON: a number is beyond the range of a double")
+    return value
+
+
+def _constant(name: str) -> Any:
+    """NaN and Infinity: Python's json reads them; JSON (and Telegram) has no such thing."""
+    raise NotJson(f"body is not JSON: {name} is not a JSON value")
+
+
+# Built once: json.loads with any option builds a decoder on every call.
+_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_float=_float, parse_constant=_constant)
+# A surrogate escape, paired or not; only a body with one needs the (slower) full check.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def read_json(body: bytes) -> tuple[str, Any]:
+    """The body as text and its JSON value; NotJson if any strict parser could disagree."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise NotJson("body is not UTF-8") from None
+    try:
+        value = _DECODER.decode(text)
+    except NotJson:
+        raise
+    except RecursionError:
+        raise NotJson("body is not JSON: nested too deep") from None
+    except json.JSONDecodeError as error:
+        # The position only, never the text: the message may be logged or shown.
+        raise NotJson(f"body is not JSON: {error.msg} at character {error.pos}") from None
+    except ValueError:
+        # int() refuses more than sys.get_int_max_str_digits() digits.
+        raise NotJson("body is not JSON: a number has too many digits") from None
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        # Only a well-formed pair decodes to a character UTF-8 can encode; escapes are the
+        # only way a lone surrogate gets in, since the text itself is valid UTF-8.
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise NotJson("body is not JSON: a string holds a lone UTF-16 surrogate") from None
+    return text, value
