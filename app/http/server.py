@@ -106,6 +106,14 @@ class _HeadTooLarge(Exception):
     """Raised from a parser callback: the request head is over a limit."""
 
 
+_WHY: dict[CloseReason, str] = {
+    "header_timeout": "no whole request head within header_timeout_seconds",
+    "body_timeout": "no whole body within body_timeout_seconds",
+    "header_too_large": "a request head over max_header_bytes or max_headers (431)",
+    "evicted": "connection_limit reached: the longest-waiting connection made room",
+}
+
+
 class _Reporter:
     """Counts closes, and logs them at most once a minute per reason."""
 
@@ -121,9 +129,9 @@ class _Reporter:
         now = time.monotonic()
         if now - self._logged_at[reason] >= 60:
             log.warning(
-                "closed %d client connection(s) for %s since the last report",
+                "closed %d client connection(s) since the last such line: %s",
                 self._unlogged[reason],
-                reason.replace("_", " "),
+                _WHY[reason],
             )
             self._unlogged[reason] = 0
             self._logged_at[reason] = now

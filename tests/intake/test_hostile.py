@@ -1,4 +1,5 @@
-"""Hostile input against a running `telegram-intake serve` process on PostgreSQL (issue 7).
+"""Hostile input against a running `telegram-intake serve` process on each backend (issues 7
+and 20).
 
 Generated bodies (anything at all, JSON of every shape, updates with a mangled `update_id`,
 deep nesting, huge numbers, invalid UTF-8) under assorted content types; bodies that stop
@@ -23,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Storage, table_rows
+from tests.conftest import BACKENDS, Storage, table_rows
 from tests.processes import SECRET, Process, environment, free_port
 
 pytestmark = pytest.mark.slow
@@ -74,7 +75,8 @@ AMBIGUOUS: dict[str, Any] = {}
 
 
 def well_formed(body: bytes) -> dict[str, Any] | None:
-    """The oracle: what Telegram could send (UTF-8 JSON object, update_id 0..2**63-1).
+    """The oracle: what Telegram could send (UTF-8 JSON object, update_id 0..2**63-1), read
+    strictly: no duplicate names, no lone surrogate, no number beyond a double (issue 20).
     JSON nested about a thousand levels deep meets the parser's recursion limit, which
     depends on the stack the server parses it on: from 500 levels to 2,000 either answer is
     right (`AMBIGUOUS`), deeper it is refused."""
@@ -89,9 +91,19 @@ def well_formed(body: bytes) -> dict[str, Any] | None:
     def no_constants(name: str) -> Any:
         raise ValueError(name)
 
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len({name for name, _ in pairs}) != len(pairs):
+            raise ValueError("duplicate")
+        return dict(pairs)
+
     try:
-        update = json.loads(body.decode("utf-8"), parse_constant=no_constants)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        update = json.loads(
+            body.decode("utf-8"),
+            parse_constant=no_constants,
+            object_pairs_hook=no_duplicates,
+        )
+        _encodable(update)
+    except (UnicodeError, ValueError, RecursionError, OverflowError):
         return None
     if not isinstance(update, dict):
         return None
@@ -99,6 +111,21 @@ def well_formed(body: bytes) -> dict[str, Any] | None:
     if type(update_id) is not int or not 0 <= update_id <= MAX_BIGINT:
         return None
     return update
+
+
+def _encodable(value: Any) -> None:
+    """UnicodeError for a lone surrogate anywhere, OverflowError for an infinite number."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            name.encode("utf-8")
+            _encodable(item)
+    elif isinstance(value, list):
+        for item in value:
+            _encodable(item)
+    elif isinstance(value, str):
+        value.encode("utf-8")
+    elif isinstance(value, float) and value in (float("inf"), float("-inf")):
+        raise OverflowError(value)
 
 
 def _depth(body: bytes) -> int:
@@ -129,10 +156,14 @@ def _flattened(body: bytes) -> bytes:
     return re.sub(rb"\[+\]+", b"[]", body)
 
 
-@pytest.fixture(scope="module")
-def intake(postgres_admin: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Intake]:
-    directory = tmp_path_factory.mktemp("hostile")
-    storage = Storage("postgresql", directory, postgres_admin)
+@pytest.fixture(scope="module", params=BACKENDS)
+def intake(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Intake]:
+    backend = request.param
+    admin = request.getfixturevalue("postgres_admin") if backend == "postgresql" else None
+    directory = tmp_path_factory.mktemp(f"hostile-{backend}")
+    storage = Storage(backend, directory, admin)
     url = storage.url()
     port = free_port()
     env = environment(url, None, port=port, max_body_bytes=BODY_LIMIT, log_level="warning")
@@ -222,6 +253,8 @@ def test_edge_bodies(intake: Intake) -> None:
         b'{"update_id": 9223372036854775808}', b'{"update_id": 9223372036854775807}',
         b'{"update_id": 42, "text": "\xff\xfe"}', b'\xef\xbb\xbf{"update_id": 43}',
         b'{"update_id": 44, "update_id": "dup"}', b'{"update_id": 45, "x": "\\ud800"}',
+        b'{"update_id": 48, "x": 1e999999999}', b'{"update_id": 49, "x": "\\u0000"}',
+        b'{"update_id": 50, "x": "\\ud83d\\ude00", "y": "\\\\ud800"}',
         b'{"update_id": 46}' + b" " * (BODY_LIMIT - 16), b'{"update_id": 47}' + b" " * BODY_LIMIT,
     ]  # fmt: skip
     for body in edges:

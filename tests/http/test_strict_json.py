@@ -1,0 +1,97 @@
+"""The strict JSON reader (app.http.strict_json): every rule refuses what it names and nothing
+else. The generated cases hold it to Python's own json on every body Python writes, so a
+rule can never refuse JSON that a strict parser reads alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.http.strict_json import NotJson, read_json
+
+REFUSED = [
+    (b'{"update_id": 1701, "update_id": 1702}', "the name 'update_id' appears twice"),
+    (b'{"a": {"b": 1, "b": 1}}', "the name 'b' appears twice"),  # the same value twice too
+    (b'[{"x": 1}, {"y": 1, "y": 2}]', "the name 'y' appears twice"),
+    (b'{"x": "\\ud800"}', "lone UTF-16 surrogate"),
+    (b'{"x": "\\udc00"}', "lone UTF-16 surrogate"),
+    (b'{"x": "\\ud83d\\u0041"}', "lone UTF-16 surrogate"),  # a high one, then no low one
+    (b'{"\\ud800": 1}', "lone UTF-16 surrogate"),  # in a name
+    (b'["\\ude00\\ud83d"]', "lone UTF-16 surrogate"),  # a pair the wrong way round
+    (b'{"x": 1e999999999}', "beyond the range of a double"),
+    (b'{"x": -1e400}', "beyond the range of a double"),
+    (b'{"x": NaN}', "NaN is not a JSON value"),
+    (b'{"x": -Infinity}', "-Infinity is not a JSON value"),
+    (b'{"x": ' + b"9" * 5_000 + b"}", "a number has too many digits"),
+    (b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deep"),
+    (b'\xef\xbb\xbf{"update_id": 1}', "Expecting value at character 0"),  # a BOM
+    (b'{"update_id": 1}'.decode().encode("utf-16"), "body is not UTF-8"),
+    (b'{"x": "\xff"}', "body is not UTF-8"),
+    (b'{"x": "\xed\xa0\x80"}', "body is not UTF-8"),  # a surrogate in UTF-8 bytes
+    (b'{"x": 1', "Expecting ',' delimiter at character 7"),
+    (b"", "Expecting value at character 0"),
+    (b'{"x": "a\x00"}', "Invalid control character"),  # a raw NUL, not its escape
+    (b'{"x": 1} {"y": 2}', "Extra data"),
+]
+
+
+@pytest.mark.parametrize(("body", "problem"), REFUSED)
+def test_read_json_refuses_what_a_strict_parser_could_read_otherwise(
+    body: bytes, problem: str
+) -> None:
+    with pytest.raises(NotJson) as refused:
+        read_json(body)
+    assert problem in str(refused.value)
+    assert str(refused.value).startswith("body is not ")
+
+
+ACCEPTED: list[tuple[bytes, Any]] = [
+    (b'{"x": "\\ud83d\\ude00"}', {"x": "\U0001f600"}),  # a pair is one character
+    (b'{"x": "\\\\ud800"}', {"x": "\\ud800"}),  # an escaped backslash, then text
+    (b'{"x": "\\\\\\ud83d\\ude00"}', {"x": "\\\U0001f600"}),
+    (b'{"x": "\\u0000"}', {"x": "\0"}),  # valid JSON and I-JSON: kept (the module says why)
+    (b'{"x": "\xef\xbf\xbf"}', {"x": "\uffff"}),  # a noncharacter is valid UTF-8
+    (b'{"x": 1e308, "y": -0.0, "z": 5e-324}', {"x": 1e308, "y": -0.0, "z": 5e-324}),
+    (b'{"x": ' + b"9" * 4_300 + b"}", {"x": int("9" * 4_300)}),
+    (b'{"x": 1.0}', {"x": 1.0}),  # read as written; the fields decide what they take
+    (b' \r\n\t{"a": {}, "b": {}} \n', {"a": {}, "b": {}}),  # the same name in two objects
+    (b'"text"', "text"),
+]
+
+
+@pytest.mark.parametrize(("body", "value"), ACCEPTED)
+def test_read_json_reads_valid_json_as_written(body: bytes, value: Any) -> None:
+    text, read = read_json(body)
+    assert read == value
+    assert text == body.decode("utf-8")
+
+
+def test_a_read_float_keeps_its_type() -> None:
+    assert type(read_json(b"[1.0]")[1][0]) is float
+    assert type(read_json(b"[1]")[1][0]) is int
+
+
+values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(value=values, ascii_only=st.booleans())
+@settings(max_examples=500, deadline=None)
+def test_read_json_reads_whatever_json_dumps_writes_as_json_loads_does(
+    value: Any, ascii_only: bool
+) -> None:
+    # What Python writes, with its \u escapes (ensure_ascii) or raw UTF-8: hypothesis's text
+    # holds no lone surrogate unless asked, and dicts have no duplicate names.
+    body = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8")
+    assert read_json(body)[1] == json.loads(body)
