@@ -133,13 +133,13 @@ def _no_outside_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 @asynccontextmanager
-async def serve_asgi(app: Any, *, port: int = 0) -> AsyncIterator[str]:
+async def serve_asgi(app: Any, *, port: int = 0, limits: Any = None) -> AsyncIterator[str]:
     """Run an ASGI app under uvicorn on 127.0.0.1:<ephemeral>, in a thread with its own event
     loop (as in production, the test's client does not share the server's loop); yields its
-    base URL. `port` 0 takes an ephemeral one."""
+    base URL. `port` 0 takes an ephemeral one; `limits` are app.http.server's."""
     from app.http.server import server_config
 
-    config = server_config(app, host="127.0.0.1", port=port, log_level="warning")
+    config = server_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

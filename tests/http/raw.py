@@ -38,7 +38,21 @@ def head(
 
 def read_answer(sock: socket.socket, timeout: float = 10) -> Answer:
     """The next response on `sock`; AssertionError if none comes within `timeout`."""
+    return read_answers(sock, 1, timeout)[0]
+
+
+def read_answers(sock: socket.socket, count: int, timeout: float = 10) -> list[Answer]:
+    """The next `count` responses on `sock` (pipelined requests' answers come in one read)."""
     parser = h11.Connection(h11.CLIENT)
+    answers = []
+    for _ in range(count):
+        if answers:
+            parser.start_next_cycle()
+        answers.append(_next_answer(parser, sock, timeout))
+    return answers
+
+
+def _next_answer(parser: h11.Connection, sock: socket.socket, timeout: float) -> Answer:
     # h11 needs to have sent a request to read a response: pretend it did.
     parser.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
     parser.send(h11.EndOfMessage())
@@ -92,9 +106,13 @@ def closed(sock: socket.socket, within: float) -> bool:
 
 def is_open(sock: socket.socket) -> bool:
     """Whether `sock` is still open at the server's end, without waiting."""
+    timeout = sock.gettimeout()
+    sock.setblocking(False)  # with a timeout, recv would wait for data first
     try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        return sock.recv(1, socket.MSG_PEEK) != b""
     except BlockingIOError:
         return True
-    except (ConnectionResetError, OSError):
+    except OSError:
         return False
+    finally:
+        sock.settimeout(timeout)
