@@ -7,7 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from bench import api, client, dispatch, intake, plans, store
+from bench import api, client, dispatch, intake, plans, reader, store
 
 BENCHMARKS = {
     "store": store.main,
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "client": client.main,
     "dispatch": dispatch.main,
     "api": api.main,
+    "reader": reader.main,
 }
 
 

@@ -28,8 +28,8 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 
 from app.config import BotSettings, Settings
-from app.intake.route import Intake
 from app.http.server import server_config
+from app.intake.route import Intake
 from app.main import create_app
 from app.store import NewUpdate
 

@@ -56,7 +56,8 @@ def _constant(name: str) -> Any:
 
 # Built once: json.loads with any option builds a decoder on every call.
 _DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_float=_float, parse_constant=_constant)
-# A surrogate escape, paired or not; only a body with one needs the (slower) full check.
+# A surrogate escape, paired or not (or text after an escaped backslash that looks like one):
+# only a body with one pays for the exact check below.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 

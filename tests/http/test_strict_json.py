@@ -22,6 +22,9 @@ REFUSED = [
     (b'{"x": "\\ud83d\\u0041"}', "lone UTF-16 surrogate"),  # a high one, then no low one
     (b'{"\\ud800": 1}', "lone UTF-16 surrogate"),  # in a name
     (b'["\\ude00\\ud83d"]', "lone UTF-16 surrogate"),  # a pair the wrong way round
+    # Text that looks like a high escape (an escaped backslash, then "ud83d"), then a low one.
+    (b'["\\\\ud83d\\ude00"]', "lone UTF-16 surrogate"),
+    (b'["\\\\\\ud83d"]', "lone UTF-16 surrogate"),  # an escaped backslash, then a lone one
     (b'{"x": 1e999999999}', "beyond the range of a double"),
     (b'{"x": -1e400}', "beyond the range of a double"),
     (b'{"x": NaN}', "NaN is not a JSON value"),
@@ -53,6 +56,7 @@ ACCEPTED: list[tuple[bytes, Any]] = [
     (b'{"x": "\\ud83d\\ude00"}', {"x": "\U0001f600"}),  # a pair is one character
     (b'{"x": "\\\\ud800"}', {"x": "\\ud800"}),  # an escaped backslash, then text
     (b'{"x": "\\\\\\ud83d\\ude00"}', {"x": "\\\U0001f600"}),
+    (b'{"x": "\\\\ud800\\\\udc00"}', {"x": "\\ud800\\udc00"}),  # text, not escapes
     (b'{"x": "\\u0000"}', {"x": "\0"}),  # valid JSON and I-JSON: kept (the module says why)
     (b'{"x": "\xef\xbf\xbf"}', {"x": "\uffff"}),  # a noncharacter is valid UTF-8
     (b'{"x": 1e308, "y": -0.0, "z": 5e-324}', {"x": 1e308, "y": -0.0, "z": 5e-324}),
@@ -75,13 +79,17 @@ def test_a_read_float_keeps_its_type() -> None:
     assert type(read_json(b"[1]")[1][0]) is int
 
 
+def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5)
+
+
 values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    _containers,
     max_leaves=30,
 )
 
@@ -95,3 +103,34 @@ def test_read_json_reads_whatever_json_dumps_writes_as_json_loads_does(
     # holds no lone surrogate unless asked, and dicts have no duplicate names.
     body = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8")
     assert read_json(body)[1] == json.loads(body)
+
+
+# Text with lone surrogates and backslashes, written with \u escapes: the reader refuses it
+# exactly when a string holds a lone surrogate.
+risky_text = st.text(
+    alphabet=st.sampled_from(
+        ["a", "\\", "u", "d", "8", "\ud83d", "\ude00", "\U0001f600", "\ud800"]
+    ),
+    max_size=12,
+)
+
+
+@given(strings=st.lists(risky_text, min_size=1, max_size=4))
+@settings(max_examples=1_000, deadline=None)
+def test_read_json_refuses_exactly_the_bodies_with_a_lone_surrogate(strings: list[str]) -> None:
+    body = json.dumps(strings).encode("utf-8")  # ensure_ascii: every surrogate as an escape
+
+    def lone(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    # json.loads pairs a high and a low escape into one character, as UTF-16 does.
+    decoded = json.loads(body)
+    if any(lone(text) for text in decoded):
+        with pytest.raises(NotJson, match="lone UTF-16 surrogate"):
+            read_json(body)
+    else:
+        assert read_json(body)[1] == decoded
