@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.config import BotSettings, Settings
+from app.http.server import ConnectionLimits
 from app.main import create_app
 from app.metrics import Metrics
 from app.store import open_store
@@ -89,11 +91,15 @@ class Service:
 async def serving(
     settings: Settings, *, workers: bool = False, cache_seconds: float = 0
 ) -> AsyncIterator[Service]:
-    """The app over `settings` under uvicorn; no stats cache unless asked, so that each scrape
-    reads the table as it is."""
+    """The app over `settings` under uvicorn, its connection limits counted as `serve` counts
+    them; no stats cache unless asked, so that each scrape reads the table as it is."""
     metrics = Metrics.of(settings, stats_cache_seconds=cache_seconds)
     app = create_app(settings, workers=workers, metrics=metrics)
-    async with serve_asgi(app) as base, httpx.AsyncClient(base_url=base, timeout=30) as http:
+    limits = ConnectionLimits.of(settings, metrics.connection_closed)
+    async with (
+        serve_asgi(app, limits=limits) as base,
+        httpx.AsyncClient(base_url=base, timeout=30) as http,
+    ):
         yield Service(app, settings.database_url, http)
 
 
@@ -264,6 +270,30 @@ async def test_metrics_needs_a_key_with_the_operations_scope(sqlite_storage: Sto
     assert callback_only.status_code == 403
     assert shop_only.bots() == {"shop"}  # a key limited to shop sees shop's series only
     assert shop_only("database_up") == 1
+
+
+async def test_refusals_before_any_route_and_closed_connections_are_counted(
+    sqlite_storage: Storage,
+) -> None:
+    settings = intake_settings(sqlite_storage.url(), header_timeout_seconds=0.5)
+    async with serving(settings) as service:
+        before = await service.scrape()
+        assert (await service.http.get("/v1/stats")).status_code == 401
+        doubled = [("authorization", f"Bearer {OPERATIONS_KEY}")] * 2
+        assert (await service.http.get("/v1/stats", headers=doubled)).status_code == 400
+        port = int(str(service.http.base_url).rstrip("/").rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as silent:
+            silent.settimeout(5)
+            assert silent.recv(100) == b""  # closed at the header timeout
+        after = await service.scrape()
+    for name, labels, moved in (
+        ("requests_refused_total", {"reason": "unauthenticated"}, 1),
+        ("requests_refused_total", {"reason": "duplicate_header"}, 1),
+        ("requests_refused_total", {"reason": "too_large"}, 0),
+        ("connections_closed_total", {"reason": "header_timeout"}, 1),
+        ("connections_closed_total", {"reason": "evicted"}, 0),
+    ):
+        assert after(name, **labels) - before(name, **labels) == moved, (name, labels)
 
 
 async def test_a_failing_stats_query_leaves_the_scrape_up_with_the_database_at_0(
