@@ -98,7 +98,7 @@ def create_app(
         # built from the client's own Host header.
         redirect_slashes=False,
     )
-    install_guard(app, settings, metrics, mounted=tuple(mounts or ()))
+    install_guard(app, settings, metrics.request_refused, mounted=tuple(mounts or ()))
     app.state.settings = settings
     app.state.metrics = metrics
     app.include_router(intake_router)

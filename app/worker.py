@@ -67,7 +67,7 @@ def health_app(
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics
-    install_guard(app, settings, metrics)
+    install_guard(app, settings, metrics.request_refused)
 
     async def wake() -> None:
         dispatcher.wake()

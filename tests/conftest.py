@@ -12,7 +12,7 @@ import os
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,22 @@ def storage(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Ite
     made = Storage(backend, tmp_path, admin)
     yield made
     made.drop()
+
+
+@contextmanager
+def module_storage(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[tuple[Path, Storage]]:
+    """For a module-scoped fixture parametrised over BACKENDS: a directory of its own and
+    storage of `request.param`, dropped at the end."""
+    backend = str(request.param)
+    admin = request.getfixturevalue("postgres_admin") if backend == "postgresql" else None
+    directory = tmp_path_factory.mktemp(f"{name}-{backend}")
+    storage = Storage(backend, directory, admin)
+    try:
+        yield directory, storage
+    finally:
+        storage.drop()
 
 
 @pytest.fixture

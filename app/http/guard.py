@@ -31,8 +31,6 @@ from app.config import ApiKey, Settings
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from app.metrics import Metrics
-
 __all__ = ["PUBLIC_PATHS", "Refusal", "RequestGuard", "install_guard", "unsupported_encoding"]
 
 Refusal = Literal["duplicate_header", "unauthenticated", "encoding", "too_large"]
@@ -165,15 +163,19 @@ class RequestGuard:
 
 
 def install_guard(
-    app: FastAPI, settings: Settings, metrics: Metrics, mounted: tuple[str, ...] = ()
+    app: FastAPI,
+    settings: Settings,
+    refused: Callable[[Refusal], None],
+    mounted: tuple[str, ...] = (),
 ) -> None:
-    """Put the request guard in front of `app`, with the keys and limits of `settings`; the
-    apps `mounted` at those paths are left to check their own callers."""
+    """Put the request guard in front of `app`, with the keys and limits of `settings`, each
+    refusal told to `refused` (the metrics' counter); the apps `mounted` at those paths are
+    left to check their own callers."""
     app.add_middleware(
         RequestGuard,
         keys=Keys(settings.api_keys),
         no_keys=not settings.api_keys,
         max_body_bytes=settings.api_max_body_bytes,
-        refused=metrics.request_refused,
+        refused=refused,
         mounted=mounted,
     )

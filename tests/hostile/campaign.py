@@ -179,6 +179,8 @@ def _status(sock: socket.socket, timeout: float = 15) -> str:
         answer = read_answer(sock, timeout)
     except AssertionError as problem:
         return f"no answer ({problem})"
+    except OSError as problem:
+        return f"no answer ({type(problem).__name__})"
     return f"{answer.status}" + (", closed" if answer.closed else "")
 
 

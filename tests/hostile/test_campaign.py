@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import BACKENDS, Storage, table_rows
+from tests.conftest import BACKENDS, module_storage, table_rows
 from tests.hostile.campaign import (
     LEGIT_IDS,
     SHORT,
@@ -36,25 +36,21 @@ GROWTH_LIMIT_KIB = 64 * 1024
 def target(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Target]:
-    backend = request.param
-    admin = request.getfixturevalue("postgres_admin") if backend == "postgresql" else None
-    directory = tmp_path_factory.mktemp(f"campaign-{backend}")
-    storage = Storage(backend, directory, admin)
-    served = start_target(
-        directory,
-        storage.url(),
-        header_timeout_seconds=HEADER_TIMEOUT,
-        body_timeout_seconds=BODY_TIMEOUT,
-    )
-    try:
-        yield served
-        assert served.process.poll() is None, served.process.report()
-        stored = [update_id for (update_id,) in table_rows(served.url, "update_id")]
-        assert stored
-        assert all(update_id >= LEGIT_IDS for update_id in stored), stored[:20]
-    finally:
-        served.process.kill()
-        storage.drop()
+    with module_storage(request, tmp_path_factory, "campaign") as (directory, storage):
+        served = start_target(
+            directory,
+            storage.url(),
+            header_timeout_seconds=HEADER_TIMEOUT,
+            body_timeout_seconds=BODY_TIMEOUT,
+        )
+        try:
+            yield served
+            assert served.process.poll() is None, served.process.report()
+            stored = [update_id for (update_id,) in table_rows(served.url, "update_id")]
+            assert stored
+            assert all(update_id >= LEGIT_IDS for update_id in stored), stored[:20]
+        finally:
+            served.process.kill()
 
 
 def _held(row: Row, *, inputs: int) -> dict[str, int]:

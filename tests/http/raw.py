@@ -67,6 +67,8 @@ def _next_answer(parser: h11.Connection, sock: socket.socket, timeout: float) ->
                 data = sock.recv(65536)
             except ConnectionResetError:
                 data = b""
+            except TimeoutError:
+                raise AssertionError("no answer in time") from None
             parser.receive_data(data)
             if not data and answer is not None:
                 answer.closed = True

@@ -16,7 +16,6 @@ import re
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,8 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import BACKENDS, Storage, table_rows
-from tests.processes import SECRET, Process, environment, free_port
+from tests.conftest import BACKENDS, module_storage, table_rows
+from tests.hostile.campaign import Target, start_target
+from tests.processes import SECRET
 
 pytestmark = pytest.mark.slow
 
@@ -34,20 +34,11 @@ BODY_LIMIT = 64 * 1024
 HEADERS = {"x-telegram-bot-api-secret-token": SECRET}
 
 
-class Intake:
-    def __init__(self, process: Process, port: int, url: str) -> None:
-        self.process = process
-        self.port = port
-        self.url = url
-        self.base = f"http://127.0.0.1:{port}"
+class Intake(Target):
+    def __init__(self, target: Target) -> None:
+        super().__init__(target.process, target.port, target.url)
         self.http = httpx.Client(base_url=self.base, timeout=30)
         self.stored: dict[int, str] = {}  # update_id -> the first well-formed body posted
-
-    def rss_kib(self) -> int:
-        status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(
-            next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]
-        )
 
     def alive(self) -> bool:
         return self.process.poll() is None and self.http.get("/healthz").status_code == 200
@@ -160,28 +151,16 @@ def _flattened(body: bytes) -> bytes:
 def intake(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Intake]:
-    backend = request.param
-    admin = request.getfixturevalue("postgres_admin") if backend == "postgresql" else None
-    directory = tmp_path_factory.mktemp(f"hostile-{backend}")
-    storage = Storage(backend, directory, admin)
-    url = storage.url()
-    port = free_port()
-    env = environment(url, None, port=port, max_body_bytes=BODY_LIMIT, log_level="warning")
-    process = Process("serve", directory, env, "serve")
-    served = Intake(process, port, url)
-    try:
-        deadline = time.monotonic() + 30
-        while not process.answers(f"{served.base}/healthz"):
-            assert time.monotonic() < deadline, process.report()
-            time.sleep(0.1)
-        yield served
-        assert served.alive(), process.report()
-        rows = table_rows(url, "update_id", "body")
-        assert dict(rows) == served.stored  # exactly the well-formed updates, verbatim
-    finally:
-        served.http.close()
-        process.kill()
-        storage.drop()
+    with module_storage(request, tmp_path_factory, "hostile") as (directory, storage):
+        served = Intake(start_target(directory, storage.url(), max_body_bytes=BODY_LIMIT))
+        try:
+            yield served
+            assert served.alive(), served.process.report()
+            rows = table_rows(served.url, "update_id", "body")
+            assert dict(rows) == served.stored  # exactly the well-formed updates, verbatim
+        finally:
+            served.http.close()
+            served.process.kill()
 
 
 # -- generated bodies ----------------------------------------------------------------------
