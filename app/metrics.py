@@ -39,17 +39,17 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.config import Settings
-from app.http.guard import Refusal
-from app.http.server import CloseReason
 from app.store import BotStats, SqlUpdateStore, StoreError
 from app.store.types import STATES
 
 __all__ = [
     "CONTENT_TYPE",
     "AttemptMeters",
+    "CloseReason",
     "DatabaseStats",
     "IntakeMeters",
     "Metrics",
+    "Refusal",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,10 @@ AttemptOutcome = Literal[
 RenewalResult = Literal["renewed", "refused", "failed"]
 LostReason = Literal["renewal_refused", "lease_ran_out", "settle_refused", "exhaust_refused"]
 DeliveryResult = Literal["delivered", "failed"]
+# Why the server closed a client connection (app.http.server), and what the request guard
+# refused before any route ran (app.http.guard).
+CloseReason = Literal["header_timeout", "body_timeout", "header_too_large", "evicted"]
+Refusal = Literal["duplicate_header", "unauthenticated", "encoding", "too_large"]
 
 # Seconds. The webhook's answer waits for a commit (milliseconds; commit_timeout_ms at worst);
 # a forward waits for the bot's own handler (forward_timeout_seconds, default 30).

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException
@@ -27,13 +27,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.deps import API_KEY_SCOPE, KEY_REQUIRED, NO_KEYS, Keys
 from app.config import ApiKey, Settings
+from app.metrics import Refusal
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
 __all__ = ["PUBLIC_PATHS", "Refusal", "RequestGuard", "install_guard", "unsupported_encoding"]
 
-Refusal = Literal["duplicate_header", "unauthenticated", "encoding", "too_large"]
 # What answers without a key: Telegram's route and the probes.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 WEBHOOK_PREFIX = "/telegram/"

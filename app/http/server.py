@@ -30,7 +30,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, get_args
 
 import httptools
 import uvicorn
@@ -39,11 +39,12 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from app.metrics import CloseReason
+
 __all__ = ["CloseReason", "ConnectionLimits", "GuardedProtocol", "server_config"]
 
 log = logging.getLogger(__name__)
 
-CloseReason = Literal["header_timeout", "body_timeout", "header_too_large", "evicted"]
 # File descriptors kept for what is not a client connection: the database pool, the
 # forwarding client's connections, log files, the listening sockets.
 RESERVED_DESCRIPTORS = 512
