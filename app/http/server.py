@@ -148,6 +148,8 @@ class GuardedProtocol(HttpToolsProtocol):
     (`guarded_protocol`) holds that server's limits and its connections waiting for a head."""
 
     limits: ClassVar[ConnectionLimits]
+    max_head_bytes: ClassVar[int]
+    max_header_count: ClassVar[int]
     usable_connections: ClassVar[int]
     reporter: ClassVar[_Reporter]
     # Connections waiting for (or reading) a request head, oldest first: a dict as an
@@ -165,7 +167,6 @@ class GuardedProtocol(HttpToolsProtocol):
         self._stage = _IDLE
         self._fed = 0  # bytes fed to the parser while the current head was incomplete
         self._parsed = 0  # bytes of the head's complete parts (request line, headers)
-        self._header_count = 0
         self._deadline: asyncio.TimerHandle | None = None
 
     # -- the connection ----------------------------------------------------------------
@@ -212,7 +213,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 # The callbacks see only complete parts, and a header line can grow without
                 # end inside the parser: what was fed of an incomplete head counts too.
                 self._fed += len(data)
-                if self._fed > self.limits.max_header_bytes:
+                if self._fed > self.max_head_bytes:
                     self._refuse(431, "Request Header Fields Too Large", "header_too_large")
                     return
             if self._deadline is None:
@@ -226,23 +227,24 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._stage = _HEAD
         self._parsed = 0
-        self._header_count = 0
 
     def on_url(self, url: bytes) -> None:
         self._parsed += len(url)
-        if self._parsed > self.limits.max_header_bytes:
+        if self._parsed > self.max_head_bytes:
             raise _HeadTooLarge
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # Called for every header of every request: uvicorn's own on_header inlined, with the
+        # limits read from plain class attributes.
         self._parsed += len(name) + len(value) + 4  # ": " and CRLF
-        self._header_count += 1
-        if (
-            self._parsed > self.limits.max_header_bytes
-            or self._header_count > self.limits.max_headers
-        ):
+        headers = self.headers
+        if self._parsed > self.max_head_bytes or len(headers) >= self.max_header_count:
             raise _HeadTooLarge
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._stage = _BODY
@@ -315,6 +317,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
         (GuardedProtocol,),
         {
             "limits": limits,
+            "max_head_bytes": limits.max_header_bytes,
+            "max_header_count": limits.max_headers,
             "usable_connections": limits.usable_connection_limit(),
             "reporter": _Reporter(limits.on_close),
             "waiting": {},
