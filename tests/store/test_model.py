@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -495,6 +496,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert [(e.identity, e.exhausted_at) for e in listed] == expected
 
 
+@pytest.mark.slow  # 60 examples of 40 steps a backend: about 25 s
 def test_store_matches_the_model(storage: Storage) -> None:
     loop = asyncio.new_event_loop()
     try:
