@@ -14,7 +14,7 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AnyHttpUrl,
@@ -39,9 +39,6 @@ from app.store import validate
 from app.store.engine import normalise_url
 from app.store.schema import DEFAULT_TABLE
 from app.store.types import Capability, Ordering
-
-if TYPE_CHECKING:
-    from app.store import SqlUpdateStore
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/intake.db"
 DEFAULT_CONFIG_FILE = "intake.toml"
@@ -165,10 +162,10 @@ class BotSettings(BotOptions):
     def _check_secret(cls, value: SecretStr) -> SecretStr | None:
         return _check_secret_token(value)
 
-    def require_schema(self, store: SqlUpdateStore) -> None:
-        """Refuse (SchemaError naming `alembic upgrade head`) when the live table cannot carry
-        this bot's mode."""
-        store.require(self.capability, f"bot {self.name!r} in {self.mode} mode")
+    @property
+    def needs(self) -> str:
+        """What needs the table's capability, for `store.require`'s refusal."""
+        return f"bot {self.name!r} in {self.mode} mode"
 
 
 class ApiKey(BaseModel):

@@ -11,12 +11,12 @@ import httpx
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from app import __version__, api, health
-from app.api import Services
+from app import __version__, api
+from app.api import Services, health
+from app.api.health import check_capability
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.dispatch.clock import DatabaseClock
-from app.health import check_capability
 from app.heap import freeze_after_startup
 from app.http.guard import install_guard
 from app.intake.committer import GroupCommitter

@@ -1,6 +1,6 @@
 """`telegram-intake worker`: the workers alone, one of many processes on one PostgreSQL.
 
-With INTAKE_WORKER_PORT set it also serves /healthz, /readyz and /metrics (`app.health`) on
+With INTAKE_WORKER_PORT set it also serves /healthz, /readyz and /metrics (`app.api.health`) on
 INTAKE_HOST, so an orchestrator can probe it and Prometheus can scrape its attempt counts,
 which only a worker process has.
 """
@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from app import __version__, api, health
-from app.api import Services
+from app import __version__, api
+from app.api import Services, health
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.heap import freeze_after_startup

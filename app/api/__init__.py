@@ -9,7 +9,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from app.api import claims, operations
-from app.api.deps import Credentials, Keys, Services, authenticated
+from app.api.deps import Credentials, Services, authenticated
+from app.http.keys import Keys
 from app.store import SchemaError, StoreBusy, StoreError, StoreUnavailable
 
 __all__ = ["Keys", "Services", "install", "install_errors"]

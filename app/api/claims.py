@@ -8,7 +8,6 @@ from fastapi import APIRouter, HTTPException
 
 from app.api.deps import REFUSALS, Callback, CallbackOrOperations, Grant, StrictJsonRoute
 from app.config import BotSettings
-from app.dispatch.policy import Outcome, retry_delay_ms
 from app.kit.wire import (
     Acknowledged,
     Identity,
@@ -19,6 +18,7 @@ from app.kit.wire import (
     Settled,
     SettleRequest,
 )
+from app.policy import Outcome, retry_delay_ms
 from app.store import Abandoned, ClaimIdentity, Completed, Failed
 
 router = APIRouter(

@@ -3,15 +3,13 @@
 Keys come from `INTAKE_API_KEYS` (full access) or `[[api_keys]]` tables (limited to some bots
 and to `callback` or `operations` use). A request without a valid key is 401, from the request
 guard (`app.http.guard`) before its body is read; the guard leaves the key it found in the
-scope, under `API_KEY_SCOPE`. A valid key used outside its bots or scope is 403. The given key
-is compared with every configured key in constant time, and the loop never stops early, so
-timing tells nothing about any key.
+scope, under `API_KEY_SCOPE` (`app.http.keys`, which compares keys in constant time). A valid
+key used outside its bots or scope is 403.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -20,6 +18,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.config import ApiKey, BotSettings, Scope, Settings
+from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED
 from app.http.strict_json import NotJson, read_json
 from app.kit.wire import Problem
 from app.store import SqlUpdateStore
@@ -30,9 +29,6 @@ bearer = HTTPBearer(
     "`Authorization: Bearer <key>`.",
 )
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-API_KEY_SCOPE = "telegram_intake.api_key"
-KEY_REQUIRED = "a valid API key is required: Authorization: Bearer <key>"
-NO_KEYS = "no API keys are configured (INTAKE_API_KEYS)"
 
 
 @dataclass(frozen=True)
@@ -43,19 +39,6 @@ class Services:
     store: SqlUpdateStore
     now: Callable[[], int]  # epoch ms by the database clock
     wake: Callable[[], Awaitable[None]]  # tell the workers a row changed
-
-
-class Keys:
-    def __init__(self, keys: Iterable[ApiKey]) -> None:
-        self._keys = [(key.key.get_secret_value().encode(), key) for key in keys]
-
-    def find(self, given: str) -> ApiKey | None:
-        candidate = given.encode()
-        found = None
-        for secret, key in self._keys:
-            if hmac.compare_digest(candidate, secret):
-                found = key
-        return found
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,10 @@ from app.dispatch.attempt import Attempt, Lane
 from app.dispatch.clock import Alarm, DatabaseClock, wait_or_timeout
 from app.dispatch.leases import LeaseKeeper
 from app.dispatch.maintenance import ExhaustionDelivery, prune_forever
-from app.dispatch.policy import Outcome, retry_delay_ms
 from app.dispatch.settler import Settler
 from app.logs import AttemptLog
 from app.metrics import AttemptOutcome, LostReason, Metrics
+from app.policy import Outcome, retry_delay_ms
 from app.store import (
     Abandoned,
     Claimed,
@@ -132,7 +132,7 @@ class Dispatcher:
 
     async def start(self) -> None:
         for lane in self._lanes:
-            lane.bot.require_schema(self._store)
+            self._store.require(lane.bot.capability, lane.bot.needs)
         await self._clock.sync()
         await self._settler.start()
         settings = self._settings

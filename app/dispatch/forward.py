@@ -15,8 +15,8 @@ import httpx
 from standardwebhooks import Webhook
 
 from app.config import BotSettings
-from app.dispatch.policy import Outcome, classify, classify_error
 from app.dispatch.transport import AiohttpTransport
+from app.policy import Outcome, classify, classify_error
 from app.store import ClaimIdentity
 
 

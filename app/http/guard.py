@@ -25,8 +25,8 @@ from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.deps import API_KEY_SCOPE, KEY_REQUIRED, NO_KEYS, Keys
 from app.config import ApiKey, Settings
+from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED, NO_KEYS, Keys
 from app.metrics import Refusal
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ router = APIRouter(tags=["operations"])
 def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
     """Refuse to serve a bot whose mode the live schema cannot carry."""
     for bot in settings.bots:
-        bot.require_schema(store)
+        store.require(bot.capability, bot.needs)
 
 
 @router.get("/healthz")

@@ -11,7 +11,7 @@ from pydantic import SecretStr
 
 from app.config import BotSettings
 from app.dispatch.breaker import Breaker
-from app.dispatch.policy import Outcome, classify, classify_error, retry_after, retry_delay_ms
+from app.policy import Outcome, classify, classify_error, retry_after, retry_delay_ms
 
 BOT = BotSettings(name="shop", secret_token=SecretStr("s"))
 
