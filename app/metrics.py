@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.config import Settings
-from app.store import BotStats, SqlUpdateStore, StoreError
+from app.store import BotStats, DurableUpdateStore, StoreError
 from app.store.types import STATES
 
 __all__ = [
@@ -92,7 +92,7 @@ LostReason = Literal["renewal_refused", "lease_ran_out", "settle_refused", "exha
 DeliveryResult = Literal["delivered", "failed"]
 # Why the server closed a client connection (app.http.server), and what the request guard
 # refused before any route ran (app.http.guard).
-CloseReason = Literal["header_timeout", "body_timeout", "header_too_large", "evicted"]
+CloseReason = Literal["header_timeout", "body_timeout", "keep_alive", "header_too_large", "evicted"]
 Refusal = Literal["duplicate_header", "unauthenticated", "encoding", "too_large"]
 
 # Seconds. The webhook's answer waits for a commit (milliseconds; commit_timeout_ms at worst);
@@ -261,14 +261,14 @@ class DatabaseStats(Collector):
         self._bots = tuple(bots)
         self._cache_seconds = cache_seconds
         self._timeout_seconds = timeout_seconds
-        self._store: SqlUpdateStore | None = None
+        self._store: DurableUpdateStore | None = None
         self._now: Callable[[], int] = lambda: time.time_ns() // 1_000_000
         self._rows: list[BotStats] | None = None  # None: the last query failed
         self._query_seconds = 0.0
         self._taken_at = -math.inf  # monotonic
         self._query: asyncio.Task[tuple[list[BotStats], float]] | None = None
 
-    def watch(self, store: SqlUpdateStore, now: Callable[[], int]) -> None:
+    def watch(self, store: DurableUpdateStore, now: Callable[[], int]) -> None:
         """Report on `store`; `now` is epoch ms by the clock the rows' times are by."""
         self._store, self._now = store, now
         self._rows, self._taken_at = None, -math.inf
@@ -382,7 +382,7 @@ def _by_bot(stats: Iterable[BotStats], bots: tuple[str, ...]) -> dict[str, _Coun
     return merged
 
 
-async def _timed_stats(store: SqlUpdateStore) -> tuple[list[BotStats], float]:
+async def _timed_stats(store: DurableUpdateStore) -> tuple[list[BotStats], float]:
     started = time.perf_counter()
     rows = await store.stats()
     return rows, time.perf_counter() - started

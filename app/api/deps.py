@@ -21,7 +21,7 @@ from app.config import ApiKey, BotSettings, Scope, Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED
 from app.http.strict_json import NotJson, read_json
 from app.kit.wire import Problem
-from app.store import SqlUpdateStore
+from app.store import DurableUpdateStore
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -36,7 +36,7 @@ class Services:
     """The parts of the running service the API works with."""
 
     settings: Settings
-    store: SqlUpdateStore
+    store: DurableUpdateStore
     now: Callable[[], int]  # epoch ms by the database clock
     wake: Callable[[], Awaitable[None]]  # tell the workers a row changed
 

@@ -6,18 +6,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.deps import REFUSALS, Operations
 from app.config import Settings
 from app.metrics import CONTENT_TYPE, Metrics
-from app.store import SchemaError, SqlUpdateStore
+from app.store import DurableUpdateStore, SchemaError, StoreError
 
 router = APIRouter(tags=["operations"])
 
 
-def check_capability(settings: Settings, store: SqlUpdateStore) -> None:
+def check_capability(settings: Settings, store: DurableUpdateStore) -> None:
     """Refuse to serve a bot whose mode the live schema cannot carry."""
     for bot in settings.bots:
         store.require(bot.capability, bot.needs)
@@ -32,14 +30,13 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     """The database answers and its schema serves every configured bot's mode."""
-    store: SqlUpdateStore = request.app.state.store
+    store: DurableUpdateStore = request.app.state.store
     try:
-        async with store.engine.connect() as connection:
-            await connection.execute(text("SELECT 1"))
+        await store.ping()
         check_capability(request.app.state.settings, store)
     except SchemaError as error:
         return JSONResponse({"status": "unavailable", "error": str(error)}, 503)
-    except (SQLAlchemyError, OSError) as error:
+    except (StoreError, OSError) as error:
         problem = f"database unreachable ({type(error).__name__})"
         return JSONResponse({"status": "unavailable", "error": problem}, 503)
     return JSONResponse({"status": "ready", "capability": store.capability})

@@ -18,7 +18,7 @@ import httpx
 
 from app.cli.service import Commands
 from app.config import Settings
-from app.store import ClaimIdentity, SqlUpdateStore, StoreError, open_store, validate
+from app.store import ClaimIdentity, DurableUpdateStore, StoreError, open_store, validate
 from app.store.types import STATES
 
 
@@ -48,7 +48,7 @@ def _age(ms: int | None) -> str:
     return f"{seconds:.1f}s"
 
 
-async def _with_store(settings: Settings) -> SqlUpdateStore:
+async def _with_store(settings: Settings) -> DurableUpdateStore:
     return await open_store(settings.database_url, table=settings.table, pool_size=2)
 
 
@@ -77,7 +77,7 @@ def _parse_cursor(value: str) -> tuple[str, int]:
 
 
 def _exhaustions_list(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: SqlUpdateStore) -> int:
+    async def work(store: DurableUpdateStore) -> int:
         rows = []
         after = args.after
         while True:
@@ -125,7 +125,7 @@ def _exhaustions_ack(settings: Settings, args: argparse.Namespace) -> int:
         print(f"not an identity: {error}", file=sys.stderr)
         return 2
 
-    async def work(store: SqlUpdateStore) -> int:
+    async def work(store: DurableUpdateStore) -> int:
         now = await store.database_time()
         if await store.acknowledge_exhaustion(identity, now):
             print(f"acknowledged {identity.bot}:{identity.update_id} attempt {identity.attempt}")
@@ -141,7 +141,7 @@ def _exhaustions_ack(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _stats(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: SqlUpdateStore) -> int:
+    async def work(store: DurableUpdateStore) -> int:
         now = await store.database_time()
         rows = await store.stats()
         if args.json:

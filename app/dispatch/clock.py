@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from app.store import SqlUpdateStore, StoreError
+from app.store import DurableUpdateStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def _monotonic_ms() -> float:
 class DatabaseClock:
     """Epoch milliseconds by the database's clock, read through the local monotonic clock."""
 
-    def __init__(self, store: SqlUpdateStore, *, resync_seconds: float = 30.0) -> None:
+    def __init__(self, store: DurableUpdateStore, *, resync_seconds: float = 30.0) -> None:
         self._store = store
         self._resync = resync_seconds
         # Until the first sync: the local wall clock, the best guess there is.

@@ -43,13 +43,12 @@ from app.store import (
     Claimed,
     ClaimIdentity,
     Completed,
+    DurableUpdateStore,
     Failed,
     Settlement,
-    SqlUpdateStore,
     StoreError,
     StoreUnavailable,
 )
-from app.store.wakeups import listen
 
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")
@@ -71,7 +70,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        store: SqlUpdateStore,
+        store: DurableUpdateStore,
         settings: Settings,
         transport: httpx.AsyncBaseTransport,
         *,
@@ -142,7 +141,7 @@ class Dispatcher:
         background = [
             keeper.run(),
             self._clock.run(),
-            listen(self._store, self.wake, listening=self.listening),
+            self._store.listen(self.wake, listening=self.listening),
             prune_forever(
                 self._store,
                 self._clock,

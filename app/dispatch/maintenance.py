@@ -17,7 +17,7 @@ from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
 from app.logs import AttemptLog
 from app.metrics import AttemptMeters
-from app.store import ClaimIdentity, Exhaustion, SqlUpdateStore, StoreError
+from app.store import ClaimIdentity, DurableUpdateStore, Exhaustion, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class ExhaustionDelivery:
 
     def __init__(
         self,
-        store: SqlUpdateStore,
+        store: DurableUpdateStore,
         clock: DatabaseClock,
         downstreams: dict[str, Downstream],
         *,
@@ -124,7 +124,7 @@ class ExhaustionDelivery:
 
 
 async def prune_forever(
-    store: SqlUpdateStore, clock: DatabaseClock, *, retention_ms: int, interval: float
+    store: DurableUpdateStore, clock: DatabaseClock, *, retention_ms: int, interval: float
 ) -> None:
     """Delete completed and acknowledged rows settled more than `retention_ms` ago."""
     while True:

@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass
 
 from app.batching import Batcher
-from app.store import ClaimIdentity, Settlement, SqlUpdateStore
+from app.store import ClaimIdentity, DurableUpdateStore, Settlement
 
 Item = tuple[ClaimIdentity, Settlement]
 
@@ -25,7 +25,7 @@ class Settled:
 
 
 class Settler(Batcher[Item, Settled]):
-    def __init__(self, store: SqlUpdateStore, *, max_batch: int = 256) -> None:
+    def __init__(self, store: DurableUpdateStore, *, max_batch: int = 256) -> None:
         super().__init__(max_batch=max_batch)
         self._store = store
 

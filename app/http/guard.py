@@ -1,5 +1,6 @@
 """The request guard: refusals decided from a request's head alone, before any route runs and
-before a byte of its body is read. An ASGI middleware, outermost in every app of ours.
+before a byte of its body is read. An ASGI middleware in front of every app of ours (inside
+only Starlette's own error and body-limit layers).
 
 - Two `Authorization` headers, or two `X-Telegram-Bot-Api-Secret-Token`, or two
   `Content-Encoding`: 400. Servers and proxies disagree on which one counts.
@@ -51,7 +52,7 @@ def unsupported_encoding(value: str | bytes | None) -> bool:
         return False
     if isinstance(value, bytes):
         value = value.decode("latin-1")
-    return value.strip().lower() != "identity"
+    return value.strip().lower() not in ("", "identity")
 
 
 class RequestGuard:
@@ -66,6 +67,8 @@ class RequestGuard:
         mounted: tuple[str, ...] = (),
     ) -> None:
         self.app = app
+        if any(not path.strip("/") for path in mounted):
+            raise ValueError("an app mounted at / would leave every path without a key")
         # Apps mounted beside ours (the demo downstream) check their own callers.
         self._open_prefixes = (WEBHOOK_PREFIX, *(f"{path.rstrip('/')}/" for path in mounted))
         self._keys = keys

@@ -107,10 +107,15 @@ class _HeadTooLarge(Exception):
     """Raised from a parser callback: the request head is over a limit."""
 
 
+class _TrailersTooLarge(Exception):
+    """Raised from a parser callback: a chunked body's trailers are over the head's limit."""
+
+
 _WHY: dict[CloseReason, str] = {
     "header_timeout": "no whole request head within header_timeout_seconds",
     "body_timeout": "no whole body within body_timeout_seconds",
-    "header_too_large": "a request head over max_header_bytes or max_headers (431)",
+    "keep_alive": "",  # the normal end of a kept-alive connection: counted, never logged
+    "header_too_large": "a request head (or trailers) over max_header_bytes or max_headers",
     "evicted": "connection_limit reached: the longest-waiting connection made room",
 }
 
@@ -126,6 +131,8 @@ class _Reporter:
     def closed(self, reason: CloseReason) -> None:
         if self._on_close is not None:
             self._on_close(reason)
+        if reason == "keep_alive":
+            return
         self._unlogged[reason] += 1
         now = time.monotonic()
         if now - self._logged_at[reason] >= 60:
@@ -138,22 +145,26 @@ class _Reporter:
             self._logged_at[reason] = now
 
 
-# Where the parser is: no byte of a request yet, in its head, in its body, or done with it
-# (the app answers; the next request has not begun).
+# Where the parser is: no byte of a request yet, in its head, in its body, or done with it.
 _IDLE, _HEAD, _BODY, _DONE = range(4)
 
 
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the module's limits. One subclass per server
-    (`guarded_protocol`) holds that server's limits and its connections waiting for a head."""
+    (`guarded_protocol`) holds that server's limits and its connections that serve nothing.
+
+    Two facts decide everything: where the parser is (`_stage`) and how many requests have a
+    whole head but no finished answer (`_in_flight`; more than one when pipelined).
+    `_reassess` derives from them, after every event, the one deadline that applies and
+    whether the connection may be evicted."""
 
     limits: ClassVar[ConnectionLimits]
     max_head_bytes: ClassVar[int]
     max_header_count: ClassVar[int]
     usable_connections: ClassVar[int]
     reporter: ClassVar[_Reporter]
-    # Connections waiting for (or reading) a request head, oldest first: a dict as an
-    # ordered set, so that eviction takes the longest-waiting one in O(1).
+    # Connections serving no request, longest first: a dict as an ordered set, so that
+    # eviction takes the one that has waited longest in O(1).
     waiting: ClassVar[dict[GuardedProtocol, None]]
 
     def __init__(
@@ -165,19 +176,23 @@ class GuardedProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._stage = _IDLE
+        self._in_flight = 0
+        self._served = False  # a response has been sent: silence is keep-alive from then on
         self._fed = 0  # bytes fed to the parser while the current head was incomplete
         self._parsed = 0  # bytes of the head's complete parts (request line, headers)
+        self._trailers = 0  # bytes of a chunked body's trailers
+        self._boundary = False  # a head or a message ended in the chunk being fed
         self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_reason: CloseReason | None = None
 
     # -- the connection ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm(self.limits.header_timeout_seconds, "header_timeout")
-        self.waiting[self] = None
+        self._reassess()
         if len(self.connections) > self.usable_connections:
-            # The connection that has waited longest for a head (at worst this one: every
-            # other is busy with a request) makes room.
+            # The connection that has waited longest (at worst this one: every other is
+            # busy with a request) makes room.
             oldest = next(iter(self.waiting))
             oldest._close("evicted")
 
@@ -186,12 +201,19 @@ class GuardedProtocol(HttpToolsProtocol):
         self.waiting.pop(self, None)
         super().connection_lost(exc)
 
+    def handle_websocket_upgrade(self) -> None:
+        # The connection passes to uvicorn's websocket protocol (no route of ours takes it).
+        self._disarm()
+        self.waiting.pop(self, None)
+        super().handle_websocket_upgrade()
+
     def data_received(self, data: bytes) -> None:
         # uvicorn's own data_received, plus the head's size and the deadlines.
         self._unset_keepalive_if_required()
-        # Only a chunk that starts before or inside a head counts toward it: one that starts
-        # in a body may end in the next head, and its body bytes are no header's.
+        # Only a chunk that starts before or inside a head, and in which no head or message
+        # ends, counts toward the head: bytes of a body are no header's.
         counting = self._stage in (_IDLE, _HEAD)
+        self._boundary = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -204,29 +226,28 @@ class GuardedProtocol(HttpToolsProtocol):
             if isinstance(error.__context__, _HeadTooLarge):
                 self._refuse(431, "Request Header Fields Too Large", "header_too_large")
                 return
+            if isinstance(error.__context__, _TrailersTooLarge):
+                self._close("header_too_large")  # the app has the request: no answer of ours
+                return
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
             self.send_400_response(msg)
             return
-        if self._stage in (_IDLE, _HEAD):
-            if counting:
-                # The callbacks see only complete parts, and a header line can grow without
-                # end inside the parser: what was fed of an incomplete head counts too.
-                self._fed += len(data)
-                if self._fed > self.max_head_bytes:
-                    self._refuse(431, "Request Header Fields Too Large", "header_too_large")
-                    return
-            if self._deadline is None:
-                self._arm(self.limits.header_timeout_seconds, "header_timeout")
-        elif self._stage == _BODY and self._deadline is None:
-            self._arm(self.limits.body_timeout_seconds, "body_timeout")
+        if counting and not self._boundary and self._stage in (_IDLE, _HEAD):
+            # The callbacks see only complete parts, and a header line can grow without end
+            # inside the parser: what was fed of an incomplete head counts too.
+            self._fed += len(data)
+            if self._fed > self.max_head_bytes:
+                self._refuse(431, "Request Header Fields Too Large", "header_too_large")
+                return
+        self._reassess()
 
     # -- parser callbacks --------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._stage = _HEAD
-        self._parsed = 0
+        self._fed = self._parsed = self._trailers = 0
 
     def on_url(self, url: bytes) -> None:
         self._parsed += len(url)
@@ -237,10 +258,16 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # Called for every header of every request: uvicorn's own on_header inlined, with the
         # limits read from plain class attributes.
-        self._parsed += len(name) + len(value) + 4  # ": " and CRLF
+        size = len(name) + len(value) + 4  # ": " and CRLF
         headers = self.headers
-        if self._parsed > self.max_head_bytes or len(headers) >= self.max_header_count:
-            raise _HeadTooLarge
+        if self._stage == _HEAD:
+            self._parsed += size
+            if self._parsed > self.max_head_bytes or len(headers) >= self.max_header_count:
+                raise _HeadTooLarge
+        else:  # a chunked body's trailers, once the app has the request
+            self._trailers += size
+            if self._trailers > self.max_head_bytes:
+                raise _TrailersTooLarge
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
@@ -249,39 +276,63 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._stage = _BODY
         self._fed = 0
-        self._disarm()
-        self.waiting.pop(self, None)
+        self._boundary = True
+        self._in_flight += 1
         super().on_headers_complete()
+        self._reassess()
 
     def on_message_complete(self) -> None:
         self._stage = _DONE
-        self._disarm()
+        self._boundary = True
         super().on_message_complete()
+        self._reassess()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        self._in_flight -= 1
+        self._served = True
         if self._stage == _DONE:
             self._stage = _IDLE
-        if not self.transport.is_closing() and not self.pipeline and self._stage == _IDLE:
-            # Waiting for the next request: uvicorn's keep-alive timer runs until a byte
-            # comes, then the head's own deadline (armed in data_received).
-            self.waiting[self] = None
+        super().on_response_complete()
+        self._reassess()
 
     # -- limits ------------------------------------------------------------------------
 
-    def _arm(self, seconds: float, reason: CloseReason) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(seconds, self._timed_out, reason)
+    def _reassess(self) -> None:
+        """Arm the deadline the connection's state calls for (a running one keeps running),
+        and keep its place among the connections that serve nothing."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self._in_flight == 0:
+            self.waiting.setdefault(self, None)
+        else:
+            self.waiting.pop(self, None)
+        reason: CloseReason | None
+        if self._stage == _BODY and self._in_flight <= 1:
+            # The body of the request in hand, or of one answered before it was read.
+            reason, seconds = "body_timeout", self.limits.body_timeout_seconds
+        elif self._in_flight:
+            reason, seconds = None, 0.0  # the app's time; a pipelined request waits its turn
+        elif self._stage == _HEAD or not self._served:
+            reason, seconds = "header_timeout", self.limits.header_timeout_seconds
+        else:
+            reason, seconds = "keep_alive", float(self.limits.keep_alive_seconds)
+        if reason != self._deadline_reason:
+            self._disarm()
+            if reason is not None:
+                self._deadline = self.loop.call_later(seconds, self._timed_out, reason)
+                self._deadline_reason = reason
 
     def _disarm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-            self._deadline = None
+        self._deadline = None
+        self._deadline_reason = None
 
     def _timed_out(self, reason: CloseReason) -> None:
         self._deadline = None
+        self._deadline_reason = None
         if reason == "header_timeout" and self._stage == _HEAD:
-            self._refuse(408, "Request Timeout", reason)
+            self._refuse(408, "Request Timeout", reason)  # no request is in the app
         else:
             self._close(reason)
 
@@ -341,7 +392,9 @@ def server_config(
         host=host,
         port=port,
         http=guarded_protocol(limits),
-        timeout_keep_alive=limits.keep_alive_seconds,
+        # Ours closes (and counts) a silent kept-alive connection first; uvicorn's stays as
+        # a backstop.
+        timeout_keep_alive=limits.keep_alive_seconds + 1,
         log_level=log_level,
         log_config=None,  # our handler (app.logs) formats uvicorn's lines too
         access_log=False,

@@ -1,12 +1,13 @@
 """The one JSON reader of the service: the webhook's bodies and the `/v1` API's alike.
 
-A body is read only if every strict parser a downstream may use would read it the same way,
-which is I-JSON (RFC 7493) on top of RFC 8259:
+A body is read only if it keeps I-JSON's rules (RFC 7493, on top of RFC 8259), where the
+parsers a downstream may use stop agreeing on what a text means:
 - UTF-8, and nothing else: no byte-order mark, no UTF-16 or UTF-32;
 - no duplicate member names (parsers disagree on which one wins);
 - no lone UTF-16 surrogate escape (`"\\ud800"`): no UTF-8 text can carry it;
-- no number beyond a double's range (`1e999999999`), no NaN or Infinity, no integer of more
-  than 4,300 digits (Python's limit for int());
+- no number beyond a double's range, written as a fraction (`1e999999999`) or as an integer
+  of more than 309 digits; no NaN or Infinity. (A number too small for a double, `1e-400`,
+  reads as 0.0, as every parser of doubles reads it.)
 - nesting no deeper than the parser's recursion limit.
 
 `\\u0000` is valid JSON and I-JSON allows it, so it is read and kept: the body is stored as
@@ -56,6 +57,20 @@ def _constant(name: str) -> Any:
 
 # Built once: json.loads with any option builds a decoder on every call.
 _DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_float=_float, parse_constant=_constant)
+# An integer literal of more than 309 digits is beyond a double (about 1.8e308): JavaScript
+# reads it as Infinity. Only a text with such a run of digits (in a string, too) is checked.
+_LONG_DIGITS = re.compile(r"[0-9]{310}")
+
+
+def _integer(literal: str) -> int:
+    if len(literal.lstrip("-")) > 309:
+        raise NotJson("body is not JSON: a number is beyond the range of a double")
+    return int(literal)
+
+
+_STRICT_INTEGERS = json.JSONDecoder(
+    object_pairs_hook=_object, parse_float=_float, parse_constant=_constant, parse_int=_integer
+)
 # A surrogate escape, paired or not (or text after an escaped backslash that looks like one):
 # only a body with one pays for the exact check below.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -78,7 +93,9 @@ def read_json(body: bytes) -> tuple[str, Any]:
         raise NotJson(f"body is not JSON: {error.msg} at character {error.pos}") from None
     except ValueError:
         # int() refuses more than sys.get_int_max_str_digits() digits.
-        raise NotJson("body is not JSON: a number has too many digits") from None
+        raise NotJson("body is not JSON: a number is beyond the range of a double") from None
+    if _LONG_DIGITS.search(text) is not None:
+        _STRICT_INTEGERS.decode(text)  # raises NotJson for an integer past a double
     if _SURROGATE_ESCAPE.search(text) is not None:
         # Only a well-formed pair decodes to a character UTF-8 can encode; escapes are the
         # only way a lone surrogate gets in, since the text itself is valid UTF-8.
@@ -86,4 +103,6 @@ def read_json(body: bytes) -> tuple[str, Any]:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             raise NotJson("body is not JSON: a string holds a lone UTF-16 surrogate") from None
+        except RecursionError:  # encoding takes a frame or two more than decoding did
+            raise NotJson("body is not JSON: nested too deep") from None
     return text, value

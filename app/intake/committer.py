@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 
 from app.batching import Batcher, Closed
-from app.store import NewUpdate, SqlUpdateStore, StoreUnavailable
+from app.store import DurableUpdateStore, NewUpdate, StoreUnavailable
 
 
 class CommitFailed(Exception):
@@ -27,7 +27,7 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
 
     def __init__(
         self,
-        store: SqlUpdateStore,
+        store: DurableUpdateStore,
         *,
         max_batch: int = 500,
         max_wait: float = 0.0,

@@ -20,10 +20,10 @@ MAX_ERROR_LENGTH = 2_000
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold a NUL character
 
 
-# An integer field takes an integer literal only (467, never 467.0, true or "467"): the same
-# rule as the webhook's update_id, and the one every strict JSON reader keeps (a literal with
-# a fraction or an exponent is a number with a fraction, which past 2**53 no longer holds every
-# whole number). `app.http.strict_json` reads every body first.
+# An integer field takes an integer literal only (467, never 467.0, true or "467"), as the
+# webhook's update_id does. JSON Schema calls 467.0 an integer; this API does not, on purpose
+# (docs/api.md): past 2**53 a float no longer holds every whole number, and one rule for both
+# readers (`app.http.strict_json` reads every body first) is simpler to keep.
 BotName = Annotated[str, Field(pattern=BOT_PATTERN, examples=["default"])]
 UpdateId = Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT, examples=[123456789])]
 EpochMillis = Annotated[StrictInt, Field(description="epoch milliseconds")]

@@ -10,19 +10,23 @@ milliseconds passed in by the caller, so every rule is testable without a clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store.types import (
+    BotStats,
     Capability,
     Claimed,
     ClaimIdentity,
     DueUpdate,
     Exhaustion,
+    NewUpdate,
     Ordering,
     Settlement,
+    StoredUpdate,
 )
 
 
@@ -39,6 +43,31 @@ class UpdateStore(Protocol):
         """Release connections; the store is unusable afterwards."""
         ...
 
+    def require(self, level: Capability, feature: str) -> None:
+        """Raise SchemaError, naming `feature` and `alembic upgrade head`, when the live schema
+        is below `level`; nothing otherwise."""
+        ...
+
+    async def ping(self) -> None:
+        """One round trip to the database; StoreError when it does not answer."""
+        ...
+
+    async def database_time(self) -> int:
+        """The database's clock now, epoch ms: the clock every lease is judged by."""
+        ...
+
+    async def announce(self) -> None:
+        """Wake the workers of every other process now (`add_many` wakes them by itself)."""
+        ...
+
+    async def listen(
+        self, wake: Callable[[], None], *, listening: asyncio.Event | None = None
+    ) -> None:
+        """Call `wake` whenever another process commits new updates or announces, until
+        cancelled; set `listening` once in place. Returns at once where there is no such
+        channel (SQLite: every writer is in this process)."""
+        ...
+
     async def add(
         self,
         bot: str,
@@ -50,6 +79,21 @@ class UpdateStore(Protocol):
         queue_key: str | None = None,
     ) -> bool:
         """Record a new update as pending; False and no change when the key exists in any state."""
+        ...
+
+    async def add_many(self, rows: Sequence[NewUpdate]) -> set[tuple[str, int]]:
+        """`add` for a batch, in one commit: the keys that were new. A key already recorded, in
+        any state, is left exactly as it was; a key twice in the batch is recorded once, from
+        its first row. The intake's group commit; nothing is recorded if the commit fails."""
+        ...
+
+    async def get_update(self, bot: str, update_id: int) -> StoredUpdate | None:
+        """The row of `(bot, update_id)` as it stands, or None."""
+        ...
+
+    async def stats(self) -> list[BotStats]:
+        """Rows by bot and state, the oldest undelivered row's receipt, open exhaustions (None
+        below revision 0002); in bot order. One scan: an operator's call, not the hot path."""
         ...
 
     async def claim(
@@ -150,6 +194,30 @@ class FencedUpdateStore(UpdateStore, Protocol):
     async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
         """Apply the settlement if `identity` holds a live lease at `settlement.at`; False
         (and no change) otherwise: the caller lost ownership."""
+        ...
+
+    async def settle_many_owned(
+        self,
+        items: Sequence[tuple[ClaimIdentity, Settlement]],
+        *,
+        waiting: set[tuple[str, int]] | None = None,
+    ) -> list[bool]:
+        """`settle_owned` for each item, in one commit; for each, whether it took effect, by
+        the same fence (every identity field, a live lease at its `settlement.at`). A key may
+        appear once per batch (ValueError otherwise). `waiting`, when given, receives settled
+        keys whose chat may have a later update to deliver (a superset is allowed)."""
+        ...
+
+    async def owned_lease(
+        self, identity: ClaimIdentity, at: int, *, connection: AsyncConnection | None = None
+    ) -> int | None:
+        """`owns`, answering with the live lease's expiry (epoch ms) instead of True."""
+        ...
+
+    async def renewed_lease(
+        self, identity: ClaimIdentity, lease_until: int, now: int | None = None
+    ) -> int | None:
+        """`renew_owned`, answering with the lease's expiry after it instead of True."""
         ...
 
 

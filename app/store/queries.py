@@ -616,6 +616,11 @@ def acknowledge_exhaustion(t: Table, *, identity: ClaimIdentity, at: int) -> Upd
 # -- the clock and wake-ups (PostgreSQL) -------------------------------------------------------
 
 
+def ping() -> Select[Any]:
+    """The smallest round trip: the readiness probe's."""
+    return select(literal(1))
+
+
 def database_time() -> Select[Any]:
     """The database's clock in epoch ms: the one clock that the leases of every host share."""
     epoch = func.extract("epoch", func.clock_timestamp())

@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
@@ -22,7 +22,7 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.sql.expression import Executable
 
-from app.store import queries, validate
+from app.store import queries, validate, wakeups
 from app.store.engine import SQLITE_BEGIN, create_store_engine, translated_errors
 from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.schema import DEFAULT_TABLE, make_table
@@ -217,12 +217,23 @@ class SqlUpdateStore:
         """The PostgreSQL channel notified by every commit that adds updates."""
         return f"{self.table.name}_added"
 
+    async def ping(self) -> None:
+        async with self._read() as connection:
+            await connection.execute(queries.ping())
+
     async def database_time(self) -> int:
         """The database's clock, epoch ms. SQLite's file is on this host: its clock is ours."""
         if self._sqlite:
             return time.time_ns() // 1_000_000
         async with self._read() as connection:
             return int((await connection.execute(queries.database_time())).scalar_one())
+
+    async def listen(
+        self, wake: Callable[[], None], *, listening: asyncio.Event | None = None
+    ) -> None:
+        """Call `wake` on every commit of another process that adds updates (PostgreSQL
+        LISTEN, `app.store.wakeups`), until cancelled; returns at once on SQLite."""
+        await wakeups.listen(self, wake, listening=listening)
 
     async def announce(self) -> None:
         """Wake the workers of other processes now (the NOTIFY that `add_many` sends on its

@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 
 from app.store.engine import normalise_url
-from app.store.sqlstore import SqlUpdateStore
+
+if TYPE_CHECKING:
+    from app.store.sqlstore import SqlUpdateStore
 
 log = logging.getLogger(__name__)
 

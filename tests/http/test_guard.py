@@ -149,7 +149,7 @@ NOT_JSON = [
     (b'{"update_id": 8, "x": 1e999999999}', "beyond the range of a double"),
     (b'\xef\xbb\xbf{"update_id": 8}', "Expecting value at character 0"),
     (b'{"update_id": 8, "x": "\xff"}', "body is not UTF-8"),
-    (b'{"update_id": ' + b"9" * 5_000 + b"}", "a number has too many digits"),
+    (b'{"update_id": ' + b"9" * 5_000 + b"}", "beyond the range of a double"),
     (b'{"update_id": 8, "x": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", "nested too deep"),
 ]
 

@@ -5,6 +5,7 @@ once, pipelined requests, a slow answer, a busy connection when the limit is rea
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import time
@@ -220,3 +221,112 @@ def test_the_connection_limit_fits_the_files_the_process_may_open() -> None:
     assert out[:2] == ["1000", "1512"]
     # ...and where the hard one is lower, the connection limit comes down under it.
     assert out[2] == str(700 - 512)
+
+
+# -- found in review: answered early, pipelining, trailers ---------------------------------
+
+
+async def test_a_connection_answered_before_its_body_came_closes_when_silent(
+    served: Served,
+) -> None:
+    with connect(served.port) as sock:
+        sock.sendall(head("POST", "/fast", [("content-length", "7")]))  # GET only: 405
+        assert (await asyncio.to_thread(read_answer, sock)).status == 405
+        sock.sendall(b"{}     ")  # the body comes after its answer, then nothing
+        started = time.monotonic()
+        assert await asyncio.to_thread(closed, sock, 5)
+        assert time.monotonic() - started < 3
+    assert served.closes == {"keep_alive": 1}
+
+
+async def test_a_connection_answered_early_whose_body_never_ends_meets_the_body_timeout(
+    served: Served,
+) -> None:
+    with connect(served.port) as sock:
+        sock.sendall(head("POST", "/fast", [("content-length", "1000")]) + b"x")
+        assert (await asyncio.to_thread(read_answer, sock)).status == 405
+        assert await asyncio.to_thread(closed, sock, 5)
+    assert served.closes == {"body_timeout": 1}
+
+
+async def test_a_connection_busy_with_a_pipelined_request_is_never_evicted(
+    served: Served,
+) -> None:
+    busy = connect(served.port)
+    busy.sendall(_get("/fast") + _get("/slow"))
+    idle = []
+    try:
+        first = await asyncio.to_thread(read_answers, busy, 1)
+        assert first[0].body == b"ok"
+        for _ in range(60):  # past connection_limit (40): the idle ones make room
+            idle.append(connect(served.port))
+            await asyncio.sleep(0.005)
+        assert (await asyncio.to_thread(read_answer, busy, 10)).body == b"slow"
+    finally:
+        busy.close()
+        for sock in idle:
+            sock.close()
+    assert served.closes["evicted"] >= 20
+
+
+async def test_a_body_larger_than_the_head_limit_then_a_pipelined_head_is_no_431(
+    served: Served,
+) -> None:
+    body = b"b" * 20_000  # five times max_header_bytes, in the same chunk as the next head
+    request = head("POST", "/length", [("content-length", str(len(body)))]) + body
+    second = _get("/fast")
+    with connect(served.port) as sock:
+        sock.sendall(request + second[:10])
+        await asyncio.sleep(0.1)
+        sock.sendall(second[10:])
+        answers = await asyncio.to_thread(read_answers, sock, 2)
+    assert [(a.status, a.body) for a in answers] == [(200, b"20000"), (200, b"ok")]
+
+
+async def test_requests_pipelined_behind_a_slow_one_wait_without_a_deadline(
+    served: Served,
+) -> None:
+    body = b"b" * 10
+    pipelined = (
+        _get("/slow")  # 2 s: twice every deadline
+        + head("POST", "/length", [("content-length", str(len(body)))])
+        + body
+        + _get("/fast")
+        + _get("/fast")
+    )
+    with connect(served.port) as sock:
+        sock.sendall(pipelined)
+        answers = await asyncio.to_thread(read_answers, sock, 4, 15)
+    assert [a.body for a in answers] == [b"slow", b"10", b"ok", b"ok"]
+    assert served.closes == {}
+
+
+async def test_trailers_over_the_head_limit_close_the_connection_without_an_answer_of_ours(
+    served: Served,
+) -> None:
+    def chunked(trailers: list[tuple[str, str]]) -> bytes:
+        lines = "".join(f"{name}: {value}\r\n" for name, value in trailers)
+        return (
+            head("POST", "/length", [("transfer-encoding", "chunked")])
+            + b"5\r\nhello\r\n0\r\n"
+            + lines.encode()
+            + b"\r\n"
+        )
+
+    with connect(served.port) as sock:
+        sock.sendall(chunked([("x-trailer", "t")]))
+        assert (await asyncio.to_thread(read_answer, sock)).body == b"5"
+    with connect(served.port) as sock:
+        sock.sendall(chunked([(f"x-t{n}", "t" * 500) for n in range(20)]))
+        said = await asyncio.to_thread(_all_until_closed, sock)
+    # The app had the request: a 431 of the server's would land in the middle of its answer.
+    assert b"431" not in said
+    assert served.closes == {"header_too_large": 1}
+
+
+def _all_until_closed(sock: socket.socket, within: float = 5) -> bytes:
+    sock.settimeout(within)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received

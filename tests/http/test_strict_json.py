@@ -28,8 +28,10 @@ REFUSED = [
     (b'{"x": 1e999999999}', "beyond the range of a double"),
     (b'{"x": -1e400}', "beyond the range of a double"),
     (b'{"x": NaN}', "NaN is not a JSON value"),
+    (b'{"x": ' + b"1" * 310 + b"}", "beyond the range of a double"),  # JavaScript: Infinity
+    (b'{"x": -' + b"1" * 310 + b"}", "beyond the range of a double"),
     (b'{"x": -Infinity}', "-Infinity is not a JSON value"),
-    (b'{"x": ' + b"9" * 5_000 + b"}", "a number has too many digits"),
+    (b'{"x": ' + b"9" * 5_000 + b"}", "beyond the range of a double"),
     (b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deep"),
     (b'\xef\xbb\xbf{"update_id": 1}', "Expecting value at character 0"),  # a BOM
     (b'{"update_id": 1}'.decode().encode("utf-16"), "body is not UTF-8"),
@@ -60,7 +62,9 @@ ACCEPTED: list[tuple[bytes, Any]] = [
     (b'{"x": "\\u0000"}', {"x": "\0"}),  # valid JSON and I-JSON: kept (the module says why)
     (b'{"x": "\xef\xbf\xbf"}', {"x": "\uffff"}),  # a noncharacter is valid UTF-8
     (b'{"x": 1e308, "y": -0.0, "z": 5e-324}', {"x": 1e308, "y": -0.0, "z": 5e-324}),
-    (b'{"x": ' + b"9" * 4_300 + b"}", {"x": int("9" * 4_300)}),
+    (b'{"x": ' + b"9" * 309 + b"}", {"x": int("9" * 309)}),  # still under 1.8e308
+    (b'{"x": "' + b"9" * 400 + b'", "y": 1}', {"x": "9" * 400, "y": 1}),  # digits in a string
+    (b'{"x": 1e-400}', {"x": 0.0}),  # too small for a double: 0, as every parser reads it
     (b'{"x": 1.0}', {"x": 1.0}),  # read as written; the fields decide what they take
     (b' \r\n\t{"a": {}, "b": {}} \n', {"a": {}, "b": {}}),  # the same name in two objects
     (b'"text"', "text"),
@@ -134,3 +138,17 @@ def test_read_json_refuses_exactly_the_bodies_with_a_lone_surrogate(strings: lis
             read_json(body)
     else:
         assert read_json(body)[1] == decoded
+
+
+def test_read_json_refuses_at_the_depth_limit_and_never_raises_past_it() -> None:
+    # Around the recursion limit the exact surrogate check needs a frame or two more than
+    # decoding did: whatever the depth, the answer is a value or NotJson, never a crash.
+    outcomes = set()
+    for depth in range(850, 1_050):
+        body = b'{"x": ' + b"[" * depth + b'"\\ud83d\\ude00"' + b"]" * depth + b"}"
+        try:
+            read_json(body)
+            outcomes.add("read")
+        except NotJson as refused:
+            outcomes.add(str(refused))
+    assert outcomes == {"read", "body is not JSON: nested too deep"}
