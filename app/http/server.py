@@ -14,12 +14,13 @@ may grow without bound. `GuardedProtocol` (uvicorn's httptools protocol, with li
 - the head's size, `max_header_bytes` (16 KiB), request line and headers together, and its
   header count, `max_headers` (100): 431, closed;
 - open connections, `connection_limit` (4,096): a new connection past it closes the one that
-  has waited longest for a request head (itself, when every other one is busy).
+  has served no request longest (itself, when every other one has a request in the app).
 
 So thousands of idle or trickling connections cost a bounded number of file descriptors and
 bytes, and a real request (Telegram sends its head at once) is still answered. Every close is
-counted in `telegram_intake_connections_closed_total{reason}` and logged at most once a minute
-per reason, with the count.
+counted in `telegram_intake_connections_closed_total{reason}` and, but for keep-alive (the
+normal end of a connection), logged at most once a minute per reason, with the count. uvicorn's
+own closes (a request it cannot parse: 400) are not counted here.
 """
 
 from __future__ import annotations

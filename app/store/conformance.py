@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from app.store.contract import DurableUpdateStore, FencedUpdateStore, UpdateStore
-from app.store.types import Abandoned, Capability, ClaimIdentity, Completed, Failed
+from app.store.types import Abandoned, Capability, ClaimIdentity, Completed, Failed, NewUpdate
 
 MakeStore = Callable[[], Awaitable[UpdateStore]]
 _LEVELS: dict[Capability, int] = {"base": 0, "fenced": 1, "durable": 2}
@@ -116,6 +116,39 @@ async def _one_record_per_key(store: UpdateStore, f: _Findings) -> None:
     if attempt is not None:
         await store.settle(BOT, 1, attempt, Completed(50))
     f.equal(await store.add(BOT, 1, _body(1), 60), False, "add of a completed key")
+
+
+@_rule("a batch insert records each new key once and leaves every recorded key as it was", "base")
+async def _add_many(store: UpdateStore, f: _Findings) -> None:
+    await _record(store, 1)
+    attempt = await store.claim(BOT, 1, now=10, lease_until=100, max_attempts=MAX)
+    f.expect(attempt == 1, f"claim of a recorded row gave {attempt!r}")
+    new = await store.add_many(
+        [
+            NewUpdate(BOT, 1, '{"update_id": 1, "again": true}', 20),  # recorded, leased
+            NewUpdate(BOT, 2, _body(2), 20),
+            NewUpdate(BOT, 2, '{"update_id": 2, "second": true}', 21),  # twice in the batch
+            NewUpdate(OTHER_BOT, 1, _body(1), 20, update_type="message", queue_key="7"),
+        ]
+    )
+    f.equal(new, {(BOT, 2), (OTHER_BOT, 1)}, "the keys that were new")
+    held = await store.get_update(BOT, 1)
+    f.expect(
+        held is not None and (held.state, held.attempts, held.due_at) == ("processing", 1, 100),
+        f"the leased row after a batch naming it again: {held!r}",
+    )
+    due = await store.due(now=30, pending_before=30, limit=10)
+    f.equal(
+        [(d.bot, d.update_id, d.body) for d in due],
+        sorted([(BOT, 2, _body(2)), (OTHER_BOT, 1, _body(1))]),
+        "due after the batch (the first body of each new key, the leased row not)",
+    )
+    other = await store.get_update(OTHER_BOT, 1)
+    f.expect(
+        other is not None and (other.update_type, other.queue_key) == ("message", "7"),
+        f"a batch row's type and queue: {other!r}",
+    )
+    f.equal(await store.add_many([]), set(), "an empty batch")
 
 
 @_rule("a live lease is not taken, a lapsed one is", "base")
@@ -436,9 +469,7 @@ async def _chat_ordering(store: FencedUpdateStore, f: _Findings) -> None:
 
 @_rule("a batch settle applies each settlement only for its exact live identity", "fenced")
 async def _settle_many(store: FencedUpdateStore, f: _Findings) -> None:
-    settle_many = getattr(store, "settle_many_owned", None)
-    if settle_many is None:
-        return  # an optional extension: stores without it settle one row at a time
+    settle_many = store.settle_many_owned
     await _record(store, 1, 2, 3, 4, 5)
     held = await store.claim_next_owned(now=10, lease_until=100, max_attempts=MAX, limit=10)
     ids = {c.identity.update_id: c.identity for c in held}

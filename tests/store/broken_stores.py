@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from app.store import Claimed, ClaimIdentity, Settlement, SqlUpdateStore, queries
+from app.store import Claimed, ClaimIdentity, NewUpdate, Settlement, SqlUpdateStore, queries
 
 
 class RenewIgnoresClaimId(SqlUpdateStore):
@@ -184,4 +184,37 @@ CONTROLS[ClaimNextIgnoresBots] = (
 )
 CONTROLS[ClaimNextIgnoresLimit] = (
     "claim_next_owned: concurrent callers take disjoint sets covering every due row"
+)
+
+
+class AddManyOverwrites(SqlUpdateStore):
+    """A batch insert that replaces what is recorded (an upsert), and so resets a leased row
+    to pending with the body sent again."""
+
+    async def add_many(self, rows: Sequence[NewUpdate]) -> set[tuple[str, int]]:
+        new = set()
+        for row in rows:
+            key = (row.bot, row.update_id)
+            if await self.get_update(row.bot, row.update_id) is not None:
+                t = self.table
+                async with self._write() as connection:
+                    await connection.execute(
+                        update(t)
+                        .where(t.c.bot == row.bot, t.c.update_id == row.update_id)
+                        .values(body=row.body, state="pending", due_at=row.received_at)
+                    )
+            elif key not in new and await self.add(
+                row.bot,
+                row.update_id,
+                row.body,
+                row.received_at,
+                update_type=row.update_type,
+                queue_key=row.queue_key,
+            ):
+                new.add(key)
+        return new
+
+
+CONTROLS[AddManyOverwrites] = (
+    "a batch insert records each new key once and leaves every recorded key as it was"
 )
