@@ -108,6 +108,14 @@ def _bound(metric: Counter, bot: str, keys: Iterable[Key]) -> dict[Key, Counter]
     return {key: metric.labels(bot, key) for key in keys}
 
 
+def _by_reason(
+    registry: CollectorRegistry, name: str, documentation: str, reasons: Iterable[Key]
+) -> dict[Key, Counter]:
+    """A counter of no bot, its child for each reason made now (so each series starts at 0)."""
+    counter = Counter(PREFIX + name, documentation, ["reason"], registry=registry)
+    return {reason: counter.labels(reason) for reason in reasons}
+
+
 @dataclass(frozen=True, slots=True)
 class IntakeMeters:
     """One bot's webhook counters, bound to its labels."""
@@ -194,20 +202,18 @@ class Metrics:
             ["bot", "result"],
             registry=registry,
         )
-        closed = Counter(
-            PREFIX + "connections_closed",
+        self._closed = _by_reason(
+            registry,
+            "connections_closed",
             "Client connections the server closed for a limit (docs/reliability.md).",
-            ["reason"],
-            registry=registry,
+            get_args(CloseReason),
         )
-        self._closed = {reason: closed.labels(reason) for reason in get_args(CloseReason)}
-        refused = Counter(
-            PREFIX + "requests_refused",
+        self._refused = _by_reason(
+            registry,
+            "requests_refused",
             "Requests refused before any route ran, their body unread, by reason.",
-            ["reason"],
-            registry=registry,
+            get_args(Refusal),
         )
-        self._refused = {reason: refused.labels(reason) for reason in get_args(Refusal)}
         self.database = DatabaseStats(
             self.bots, cache_seconds=stats_cache_seconds, timeout_seconds=stats_timeout_seconds
         )
