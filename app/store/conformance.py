@@ -496,9 +496,7 @@ async def _settle_many(store: FencedUpdateStore, f: _Findings) -> None:
 
 @_rule("owns inside an open transaction blocks a concurrent reclaim", "fenced")
 async def _owns_blocks_reclaim(store: FencedUpdateStore, f: _Findings) -> None:
-    transaction = getattr(store, "transaction", None)
-    if transaction is None:
-        return  # the store offers no same-database transaction: nothing to hold
+    transaction = store.transaction
     await _record(store, 1)
     if (first := await _claimed(store, f)) is None:
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -181,6 +182,12 @@ class FencedUpdateStore(UpdateStore, Protocol):
         self, identity: ClaimIdentity, lease_until: int, now: int | None = None
     ) -> bool:
         """`renew` for the exact identity."""
+        ...
+
+    def transaction(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        """A write transaction in the store's own database, for the caller's statements,
+        committed on exit: pass it to `owns(..., connection=)` and the check and a domain
+        write commit together. No other store method may be called inside it."""
         ...
 
     async def owns(
