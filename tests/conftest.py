@@ -22,6 +22,7 @@ import uvicorn
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from app.http.server import ConnectionLimits, server_config
 from app.store.engine import SQLITE_BEGIN, create_sync_engine
 from app.store.migrate import upgrade
 
@@ -149,11 +150,12 @@ def _no_outside_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 @asynccontextmanager
-async def serve_asgi(app: Any, *, port: int = 0, limits: Any = None) -> AsyncIterator[str]:
+async def serve_asgi(
+    app: Any, *, port: int = 0, limits: ConnectionLimits | None = None
+) -> AsyncIterator[str]:
     """Run an ASGI app under uvicorn on 127.0.0.1:<ephemeral>, in a thread with its own event
     loop (as in production, the test's client does not share the server's loop); yields its
     base URL. `port` 0 takes an ephemeral one; `limits` are app.http.server's."""
-    from app.http.server import server_config
 
     config = server_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning")
     server = uvicorn.Server(config)

@@ -10,7 +10,7 @@ may grow without bound. `GuardedProtocol` (uvicorn's httptools protocol, with li
   408 when a head had begun);
 - the body in time, `body_timeout_seconds` (30): from the end of the head to the end of the
   body; closed;
-- keep-alive, `keep_alive_seconds` (5): no byte after a response; closed (uvicorn's timer);
+- keep-alive, `keep_alive_seconds` (5): no byte after a response; closed;
 - the head's size, `max_header_bytes` (16 KiB), request line and headers together, and its
   header count, `max_headers` (100): 431, closed;
 - open connections, `connection_limit` (4,096): a new connection past it closes the one that
@@ -40,6 +40,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from app.config import Settings
 from app.metrics import CloseReason
 
 __all__ = ["CloseReason", "ConnectionLimits", "GuardedProtocol", "server_config"]
@@ -53,22 +54,28 @@ RESERVED_DESCRIPTORS = 512
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    """What one server allows each client connection (the module's table)."""
+    """What one server allows each client connection (the module's table). The defaults are
+    the settings' own: `ConnectionLimits.of(Settings())`, or `defaults()`."""
 
-    header_timeout_seconds: float = 10.0
-    body_timeout_seconds: float = 30.0
-    keep_alive_seconds: int = 5
-    max_header_bytes: int = 16 * 1024
-    max_headers: int = 100
-    connection_limit: int = 4096
+    header_timeout_seconds: float
+    body_timeout_seconds: float
+    keep_alive_seconds: int
+    max_header_bytes: int
+    max_headers: int
+    connection_limit: int
     # Told of every connection the limits close (the metrics' counter).
     on_close: Callable[[CloseReason], None] | None = None
 
     @classmethod
+    def defaults(cls) -> ConnectionLimits:
+        """The limits of a service configured with nothing but defaults."""
+        return cls.of(Settings.model_construct())
+
+    @classmethod
     def of(
-        cls, settings: Any, on_close: Callable[[CloseReason], None] | None = None
+        cls, settings: Settings, on_close: Callable[[CloseReason], None] | None = None
     ) -> ConnectionLimits:
-        """The limits `settings` (app.config.Settings) names."""
+        """The limits `settings` names."""
         return cls(
             header_timeout_seconds=settings.header_timeout_seconds,
             body_timeout_seconds=settings.body_timeout_seconds,
@@ -117,7 +124,7 @@ _WHY: dict[CloseReason, str] = {
     "body_timeout": "no whole body within body_timeout_seconds",
     "keep_alive": "",  # the normal end of a kept-alive connection: counted, never logged
     "header_too_large": "a request head (or trailers) over max_header_bytes or max_headers",
-    "evicted": "connection_limit reached: the longest-waiting connection made room",
+    "evicted": "connection_limit reached: the connection serving nothing longest made room",
 }
 
 
@@ -330,8 +337,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._deadline_reason = None
 
     def _timed_out(self, reason: CloseReason) -> None:
-        self._deadline = None
-        self._deadline_reason = None
+        self._disarm()
         if reason == "header_timeout" and self._stage == _HEAD:
             self._refuse(408, "Request Timeout", reason)  # no request is in the app
         else:
@@ -387,7 +393,7 @@ def server_config(
     log_level: str = "info",
 ) -> uvicorn.Config:
     """How uvicorn serves an app of ours, for the command line and the tests alike."""
-    limits = limits or ConnectionLimits()
+    limits = limits or ConnectionLimits.defaults()
     return uvicorn.Config(
         app,
         host=host,

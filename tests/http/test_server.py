@@ -210,14 +210,15 @@ async def test_past_the_connection_limit_the_longest_waiting_is_closed_never_a_b
 def test_the_connection_limit_fits_the_files_the_process_may_open() -> None:
     # In a child: it lowers its own limits, which cannot be raised again.
     script = (
-        "import resource\n"
+        "import dataclasses, resource\n"
         "from app.http.server import ConnectionLimits\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
-        "print(ConnectionLimits(connection_limit=1000).usable_connection_limit(),"
+        "limits = dataclasses.replace(ConnectionLimits.defaults(), connection_limit=1000)\n"
+        "print(limits.usable_connection_limit(),"
         " resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (700, 700))\n"
-        "print(ConnectionLimits(connection_limit=1000).usable_connection_limit())\n"
+        "print(limits.usable_connection_limit())\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
