@@ -63,9 +63,13 @@ async def test_the_end_of_an_attempt_wakes_the_next_update_of_its_chat(
     storage: Storage, downstream: FakeDownstream
 ) -> None:
     url = storage.url()
-    async with dispatching(settings_for(url, bot(downstream), **SLOW_POLL)) as (_, store):
+    store = await open_store(url)
+    try:  # recorded before the worker starts: its first look finds 1, and 2 and 3 blocked
         for update_id in (1, 2, 3):  # one chat: each waits for the one before
             await store.add("shop", update_id, message(update_id), now_ms(), queue_key="42")
+    finally:
+        await store.close()
+    async with dispatching(settings_for(url, bot(downstream), **SLOW_POLL)):
         await eventually(lambda: len(downstream.received) == 3, within=5)
     assert [r.update_id for r in downstream.received] == [1, 2, 3]
 
