@@ -23,8 +23,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from app.http.server import ConnectionLimits, server_config
-from app.store.engine import SQLITE_BEGIN, create_sync_engine
+from app.store.engine import create_sync_engine
 from app.store.migrate import upgrade
+from app.store.sqlite import SQLITE_BEGIN
 
 POSTGRES_URL = os.environ.get(
     "INTAKE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"

@@ -19,13 +19,12 @@ caller's own connection, so no reclaim can pass between the check and the commit
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from sqlalchemy import Connection, Select, Update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.store import queries, validate
+from app.store import postgres, sqlite, validate
 from app.store.schema import DEFAULT_TABLE, make_table, owns_function_name
 from app.store.types import ClaimIdentity
 
@@ -39,19 +38,16 @@ def _statement(dialect: str, identity: ClaimIdentity, table: str) -> Select[Any]
         validate.text("claim_id", identity.claim_id),
     )
     if dialect == "postgresql":
-        return queries.owns_function(owns_function_name(table), identity)
+        return postgres.owns_function(owns_function_name(table), identity)
     if dialect == "sqlite":
-        return queries.hold_owned(make_table(table), identity=identity)
+        return sqlite.hold_owned(make_table(table), identity=identity)
     raise ValueError(f"fencing needs PostgreSQL or SQLite, not {dialect}")
 
 
 def _owned(row: Any, dialect: str) -> bool:
-    if dialect == "postgresql":
-        return row is not None and row[0] is True
     # SQLite: the clock is read after the statement took the write lock, not before it may
-    # have waited for it. The database file is on this host: its clock is ours. A lease is
-    # live at exactly due_at.
-    return row is not None and row[0] >= time.time_ns() // 1_000_000
+    # have waited for it.
+    return postgres.function_says(row) if dialect == "postgresql" else sqlite.held(row)
 
 
 async def owns_in_transaction(

@@ -12,7 +12,15 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from app.store import Claimed, ClaimIdentity, NewUpdate, Settlement, SqlUpdateStore, queries
+from app.store import (
+    Claimed,
+    ClaimIdentity,
+    NewUpdate,
+    Settlement,
+    SqlUpdateStore,
+    predicates,
+    queries,
+)
 
 
 class RenewIgnoresClaimId(SqlUpdateStore):
@@ -152,7 +160,7 @@ class SettleOwnedIgnoresAttempt(SqlUpdateStore):
                 t.c.state == "processing",
                 t.c.due_at >= settlement.at,
             )
-            .values(queries._settle_values(settlement))
+            .values(predicates.settle_values(settlement))
             .returning(t.c.state)
         )
         return await self._changed(statement)
@@ -203,14 +211,7 @@ class AddManyOverwrites(SqlUpdateStore):
                         .where(t.c.bot == row.bot, t.c.update_id == row.update_id)
                         .values(body=row.body, state="pending", due_at=row.received_at)
                     )
-            elif key not in new and await self.add(
-                row.bot,
-                row.update_id,
-                row.body,
-                row.received_at,
-                update_type=row.update_type,
-                queue_key=row.queue_key,
-            ):
+            elif key not in new and await super().add_many([row]):
                 new.add(key)
         return new
 

@@ -10,7 +10,16 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.store import ClaimIdentity, Completed, NewUpdate, SqlUpdateStore, open_store, queries
+from app.store import (
+    ClaimIdentity,
+    Completed,
+    NewUpdate,
+    SqlUpdateStore,
+    open_store,
+    postgres,
+    queries,
+    sqlite,
+)
 from tests.conftest import Storage
 from tests.store.big_table import NOW, fill
 
@@ -18,15 +27,18 @@ LEASE = NOW + 60_000
 IDENTITY = ClaimIdentity("shop", 1_000_002, 1, "0f0e0d0c-0b0a-4908-8706-050403020100")
 
 
-def _add_parameters(store: SqlUpdateStore) -> dict[str, Any]:
+def _add(store: SqlUpdateStore) -> tuple[Any, dict[str, Any]]:
+    """The batch insert as each backend runs it, for one row."""
     rows = [NewUpdate("shop", 5, "{}", NOW)]
-    return queries.add_arrays(rows) if store.dialect == "postgresql" else queries.add_rows(rows)[0]
+    if store.dialect == "postgresql":
+        return postgres.add(store.table), postgres.add_arrays(rows)
+    return sqlite.add(store.table), sqlite.add_rows(rows)[0]
 
 
 def statements(store: SqlUpdateStore) -> dict[str, Any]:
     t = store.table
     return {
-        "add": (queries.add(t, store.dialect), _add_parameters(store)),
+        "add": _add(store),
         "claim": queries.claim(
             t,
             bot="shop",

@@ -1,0 +1,113 @@
+"""What differs between SQLite and PostgreSQL, behind one small interface.
+
+`SqlUpdateStore` (`app.store.sqlstore`) is written once: it checks arguments, builds the
+statements of `app.store.queries` and maps rows. Where the two databases need different work
+it asks its `Backend`: how connections are taken and queued (SQLite's one writer, PostgreSQL's
+pool), how the batch statements run (one executemany in a transaction against parameter
+arrays in binary, compiled once), the clock, and the wake-ups across processes. Each backend
+is one module: `app.store.sqlite` and `app.store.postgres`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from sqlalchemy import Row, Table
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
+
+Numbers = dict[str, int]  # claim_next_owned's now, lease_until, max_attempts and limit
+
+
+class Backend(ABC):
+    """One database's way of running the store's statements.
+
+    Subclasses set, in `__init__`: `writes` (the engine a single write runs on), `reads`
+    (the engine for reads), `transactions` (the engine for a caller's multi-statement
+    transaction), `write_lock` and `read_lock` (what a caller queues on first)."""
+
+    name: str
+    writes: AsyncEngine
+    reads: AsyncEngine
+    transactions: AsyncEngine
+    write_lock: AbstractAsyncContextManager[Any]
+    read_lock: AbstractAsyncContextManager[Any]
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    @abstractmethod
+    def prepare(self, table: Table, channel: str) -> None:
+        """(Re)build what depends on the table's shape: at start and after a migration."""
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncConnection]:
+        """One write transaction (on PostgreSQL: one autocommitted statement at a time)."""
+        async with self.write_lock, self.writes.begin() as connection:
+            yield connection
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        async with self.read_lock, self.reads.connect() as connection:
+            yield connection
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A real transaction for several statements, committed on exit."""
+        async with self.write_lock, self.transactions.begin() as connection:
+            yield connection
+
+    @abstractmethod
+    async def add_many(
+        self, connection: AsyncConnection, rows: Sequence[NewUpdate]
+    ) -> Sequence[Row[Any]]:
+        """Insert new keys as pending; the rows (bot, update_id) that were new."""
+
+    @abstractmethod
+    async def claim_next_owned(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        numbers: Numbers,
+        *,
+        ordering: Ordering,
+        bots: list[str] | None,
+        durable_exhaustion: bool,
+    ) -> Sequence[Row[Any]]:
+        """The rows `queries.claim_next_owned` returns."""
+
+    @abstractmethod
+    async def owns(
+        self, connection: AsyncConnection, table: Table, identity: ClaimIdentity, at: int
+    ) -> Row[Any] | None:
+        """The lease (`due_at`) of the exact live claim, read without a lock, or None."""
+
+    @abstractmethod
+    async def settle_many_owned(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        items: Sequence[tuple[ClaimIdentity, Settlement]],
+    ) -> dict[tuple[str, int], bool]:
+        """Settle each item fenced, in this transaction: for each key that took effect,
+        whether a later update of its chat may still be waiting."""
+
+    @abstractmethod
+    async def database_time(self) -> int:
+        """The database's clock, epoch ms."""
+
+    @abstractmethod
+    async def listen(
+        self, wake: Callable[[], None], *, listening: asyncio.Event | None = None
+    ) -> None:
+        """Call `wake` on every commit of another process that adds updates, until
+        cancelled; return at once where there are no notifications."""
+
+    @abstractmethod
+    async def announce(self) -> None:
+        """Wake the listeners of other processes now."""

@@ -1,0 +1,159 @@
+"""The rules every statement shares: states, leases, identities, and what a claim and a settle
+write. `app.store.queries` builds each method's statement from these, and the backends'
+batch statements (`app.store.postgres`) match rows by the same rules, so a rule is written
+once whichever statement applies it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Table,
+    Text,
+    and_,
+    case,
+    func,
+    literal,
+    literal_column,
+    null,
+    or_,
+)
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.functions import FunctionElement
+
+from app.store.types import STATES, Abandoned, ClaimIdentity, Completed, Failed, Settlement, State
+
+NON_TERMINAL: tuple[State, ...] = ("pending", "processing", "failed")
+SPENT_ERROR = "attempts spent"
+
+
+class new_claim_id(FunctionElement[str]):
+    """A fresh random UUID (version 4) string, evaluated per row by the database."""
+
+    type = Text()
+    inherit_cache = True
+
+
+@compiles(new_claim_id, "postgresql")
+def _claim_id_postgresql(element: new_claim_id, compiler: SQLCompiler, **kw: Any) -> str:
+    return "gen_random_uuid()::text"
+
+
+@compiles(new_claim_id, "sqlite")
+def _claim_id_sqlite(element: new_claim_id, compiler: SQLCompiler, **kw: Any) -> str:
+    # randomblob draws from SQLite's CSPRNG; the shape is a canonical version 4 UUID.
+    return (
+        "(lower(hex(randomblob(4))) || '-' || lower(hex(randomblob(2))) || '-4' || "
+        "substr(lower(hex(randomblob(2))), 2) || '-' || substr('89ab', 1 + (random() & 3), 1) || "
+        "substr(lower(hex(randomblob(2))), 2) || '-' || lower(hex(randomblob(6))))"
+    )
+
+
+# -- shared predicates -------------------------------------------------------------------------
+
+
+def in_state(column: ColumnElement[str], *states: State) -> ColumnElement[bool]:
+    """`state` compared with SQL literals, never bound parameters: a partial index (and a
+    prepared statement's generic plan) applies only when the planner sees the constant."""
+    unknown = set(states) - set(STATES)
+    if unknown:
+        raise ValueError(f"not states: {sorted(unknown)}")
+    values: list[ColumnElement[Any]] = [literal_column(f"'{state}'") for state in states]
+    return column == values[0] if len(values) == 1 else column.in_(values)
+
+
+def lease_column(t: Table) -> ColumnElement[int]:
+    """due_at for a lease comparison in a keyed statement. The `+ 0` keeps the planner on the
+    primary key: on a range of due_at it may pick the due-order index, and scan every live lease
+    and pending retry instead of one row."""
+    return t.c.due_at + 0
+
+
+def key_is(t: Table, bot: str | BindParameter[str], update_id: Number) -> ColumnElement[bool]:
+    return and_(t.c.bot == bot, t.c.update_id == update_id)
+
+
+def lapsed_or_due(t: Table, now: Number) -> ColumnElement[bool]:
+    # A lease is live at exactly due_at and lapsed after it; a retry is due at exactly due_at.
+    return or_(
+        and_(in_state(t.c.state, "processing"), t.c.due_at < now),
+        and_(in_state(t.c.state, "failed"), t.c.due_at <= now),
+    )
+
+
+def claimable(t: Table, now: int) -> ColumnElement[bool]:
+    return or_(in_state(t.c.state, "pending"), lapsed_or_due(t, now))
+
+
+def live(t: Table, at: int | ColumnElement[int]) -> ColumnElement[bool]:
+    """Leased, and the lease live at `at` (live at exactly due_at)."""
+    return and_(in_state(t.c.state, "processing"), lease_column(t) >= at)
+
+
+def holds_lease(t: Table, bot: str, update_id: int, attempt: int, at: int) -> ColumnElement[bool]:
+    return and_(key_is(t, bot, update_id), t.c.attempts == attempt, live(t, at))
+
+
+def identity_is(t: Table, identity: ClaimIdentity) -> ColumnElement[bool]:
+    """All four fields of the identity: neither a later attempt nor a recycled key matches."""
+    return matches(t, identity.bot, identity.update_id, identity.attempt, identity.claim_id)
+
+
+def matches(t: Table, bot: Any, update_id: Any, attempt: Any, claim_id: Any) -> ColumnElement[bool]:
+    return and_(key_is(t, bot, update_id), t.c.attempts == attempt, t.c.claim_id == claim_id)
+
+
+def owned_by(t: Table, identity: ClaimIdentity, at: int) -> ColumnElement[bool]:
+    """The exact live claim: the identity and an unexpired lease."""
+    return and_(identity_is(t, identity), live(t, at))
+
+
+Number = int | BindParameter[int]
+
+
+def claim_values(
+    t: Table, *, now: Number, lease_until: Number, max_attempts: Number, fenced: bool, durable: bool
+) -> dict[str, Any]:
+    """SET clause of every claim: take the row, or end it when its attempts are spent.
+
+    A durable exhaustion keeps settled_at NULL, so prune cannot touch it before its
+    acknowledgement; it keeps the identity of its last attempt.
+    """
+    fresh = t.c.attempts < max_attempts
+    values: dict[str, Any] = {
+        "state": case((fresh, literal("processing")), else_=literal("abandoned")),
+        "attempts": case((fresh, t.c.attempts + 1), else_=t.c.attempts),
+        "due_at": case((fresh, lease_until), else_=now),
+        "settled_at": None if durable else case((fresh, null()), else_=now),
+        "error": case((fresh, t.c.error), else_=literal(SPENT_ERROR)),
+    }
+    if fenced or durable:
+        taken = new_claim_id() if fenced else t.c.claim_id
+        spent = func.coalesce(t.c.claim_id, new_claim_id()) if durable else t.c.claim_id
+        values["claim_id"] = case((fresh, taken), else_=spent)
+    if durable:
+        values["exhausted_at"] = case((fresh, t.c.exhausted_at), else_=now)
+    return values
+
+
+def settle_values(settlement: Settlement) -> dict[str, Any]:
+    # Terminal rows keep due_at == settled_at, so prune can range-scan the (state, due_at) index.
+    match settlement:
+        case Completed(at=at):
+            return {"state": "completed", "settled_at": at, "due_at": at, "error": None}
+        case Failed(at=_, retry_at=retry_at, error=error):
+            return {"state": "failed", "settled_at": None, "due_at": retry_at, "error": error}
+        case Abandoned(at=at, error=error):
+            return {"state": "abandoned", "settled_at": at, "due_at": at, "error": error}
+    raise TypeError(f"not a settlement: {settlement!r}")
+
+
+def unacknowledged(t: Table) -> ColumnElement[bool]:
+    # The predicate of the partial exhaustion index. exhausted_at is only ever set together
+    # with state 'abandoned', which no statement leaves, so the state needs no test here (one
+    # would steer PostgreSQL onto the (state, due_at) index, through every abandoned row).
+    return and_(t.c.exhausted_at.is_not(None), t.c.acknowledged_at.is_(None))

@@ -1,0 +1,38 @@
+"""The store over SQLAlchemy Core, written once for SQLite and PostgreSQL.
+
+Statements come from `app.store.queries`; the store checks arguments, runs each statement in
+the right kind of transaction and maps rows to the types of `app.store.types`. What the two
+databases do differently (connections and their queues, the batch statements, the clock,
+wake-ups) is each one's `Backend`: `app.store.sqlite`, `app.store.postgres`.
+
+One module per capability level, each class adding its level's methods to the one below:
+`core` (schema, checks, transactions) <- `base` <- `fenced` <- `durable`.
+"""
+
+from __future__ import annotations
+
+from app.store import validate
+from app.store.engine import create_store_engine
+from app.store.schema import DEFAULT_TABLE
+from app.store.sqlstore.core import read_capability
+from app.store.sqlstore.durable import DurableMethods
+
+__all__ = ["SqlUpdateStore", "open_store", "read_capability"]
+
+
+class SqlUpdateStore(DurableMethods):
+    """A durable store on SQLite or PostgreSQL; `capability` follows the live schema."""
+
+
+async def open_store(
+    url: str, *, table: str = DEFAULT_TABLE, pool_size: int = 10
+) -> SqlUpdateStore:
+    """Open a store on a migrated database; `capability` is read from the live schema."""
+    validate.table_name(table)
+    engine = create_store_engine(url, pool_size=pool_size)
+    try:
+        capability = await read_capability(engine, table)
+    except BaseException:
+        await engine.dispose()
+        raise
+    return SqlUpdateStore(engine, table, capability)

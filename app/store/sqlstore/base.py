@@ -1,0 +1,166 @@
+"""The base level (SPEC section 4): record, claim by key, renew, settle, list due, prune; and
+the operators' views of what is recorded."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from app.store import queries, validate
+from app.store.sqlstore.core import (
+    SqlCore,
+    check_bots,
+    check_lease,
+    check_settlement,
+)
+from app.store.types import (
+    BotStats,
+    DueUpdate,
+    NewUpdate,
+    Settlement,
+    StoredUpdate,
+)
+
+_UNDELIVERED = ("pending", "processing", "failed")
+
+
+class BaseMethods(SqlCore):
+    async def add(
+        self,
+        bot: str,
+        update_id: int,
+        body: str,
+        received_at: int,
+        *,
+        update_type: str | None = None,
+        queue_key: str | None = None,
+    ) -> bool:
+        row = NewUpdate(bot, update_id, body, received_at, update_type, queue_key)
+        return bool(await self.add_many([row]))
+
+    async def add_many(self, rows: Sequence[NewUpdate]) -> set[tuple[str, int]]:
+        """Record many updates in one statement and one commit; the keys that were new."""
+        for row in rows:
+            if not isinstance(row, NewUpdate):
+                raise ValueError(f"row {row!r} is not a NewUpdate")
+        if not rows:
+            return set()
+        async with self._write() as connection:
+            added = await self._backend.add_many(connection, rows)
+        return {(row.bot, row.update_id) for row in added}
+
+    async def claim(
+        self,
+        bot: str,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> int | None:
+        if validate.flag("durable_exhaustion", durable_exhaustion):
+            self.require("durable", "claim(durable_exhaustion=True)")
+        now, lease_until = check_lease(now, lease_until)
+        statement = queries.claim(
+            self.table,
+            bot=validate.bot_name(bot),
+            update_id=validate.update_id(update_id),
+            now=now,
+            lease_until=lease_until,
+            max_attempts=validate.attempts("max_attempts", max_attempts),
+            durable_exhaustion=durable_exhaustion,
+        )
+        async with self._write() as connection:
+            row = (await connection.execute(statement)).first()
+        return int(row.attempts) if row is not None and row.state == "processing" else None
+
+    async def renew(
+        self, bot: str, update_id: int, attempt: int, lease_until: int, now: int | None = None
+    ) -> bool:
+        statement = queries.renew(
+            self.table,
+            bot=validate.bot_name(bot),
+            update_id=validate.update_id(update_id),
+            attempt=validate.attempts("attempt", attempt),
+            lease_until=validate.millis("lease_until", lease_until),
+            now=None if now is None else validate.millis("now", now),
+        )
+        return await self._changed(statement)
+
+    async def settle(self, bot: str, update_id: int, attempt: int, settlement: Settlement) -> None:
+        statement = queries.settle(
+            self.table,
+            bot=validate.bot_name(bot),
+            update_id=validate.update_id(update_id),
+            attempt=validate.attempts("attempt", attempt),
+            settlement=check_settlement(settlement),
+        )
+        await self._changed(statement)
+
+    async def due(
+        self,
+        *,
+        now: int,
+        pending_before: int,
+        limit: int,
+        bots: Sequence[str] | None = None,
+    ) -> list[DueUpdate]:
+        names = check_bots(bots)
+        if names == []:
+            return []
+        statement = queries.due(
+            self.table,
+            now=validate.millis("now", now),
+            pending_before=validate.millis("pending_before", pending_before),
+            limit=validate.positive("limit", limit),
+            bots=names,
+        )
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [
+            DueUpdate(row.bot, row.update_id, row.body, row.update_type, row.received_at)
+            for row in rows
+        ]
+
+    async def prune(self, before: int) -> int:
+        statement = queries.prune(self.table, before=validate.millis("before", before))
+        async with self._write() as connection:
+            return (await connection.execute(statement)).rowcount
+
+    # -- operators' views (beyond SPEC section 4; base level) --------------------------------
+
+    async def get_update(self, bot: str, update_id: int) -> StoredUpdate | None:
+        """The row of `(bot, update_id)` as it stands, or None."""
+        statement = queries.get_update(
+            self.table, bot=validate.bot_name(bot), update_id=validate.update_id(update_id)
+        )
+        async with self._read() as connection:
+            row = (await connection.execute(statement)).first()
+        if row is None:
+            return None
+        fields = row._mapping
+        return StoredUpdate(
+            **{name: fields.get(name) for name in StoredUpdate.__dataclass_fields__}
+        )
+
+    async def stats(self) -> list[BotStats]:
+        """Rows by bot and state, in bot order (one scan of the table: an operator's call)."""
+        async with self._read() as connection:
+            rows = (await connection.execute(queries.stats(self.table))).all()
+        durable = "exhausted_at" in self.table.c
+        result: list[BotStats] = []
+        for bot, group in itertools.groupby(rows, key=lambda row: row.bot):
+            states = list(group)
+            undelivered = [row.oldest for row in states if row.state in _UNDELIVERED]
+            result.append(
+                BotStats(
+                    bot=bot,
+                    states={row.state: int(row.rows) for row in states},
+                    oldest_undelivered_at=min(undelivered, default=None),
+                    unacknowledged_exhaustions=(
+                        sum(int(row.unacknowledged or 0) for row in states) if durable else None
+                    ),
+                )
+            )
+        return result

@@ -1,0 +1,180 @@
+"""The store's footing: the live schema's capability, argument checks, and the transactions
+every method runs its statements in (through the database's `Backend`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+from sqlalchemy import Table, inspect
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.expression import Executable
+
+from app.store import queries, validate
+from app.store.backend import Backend
+from app.store.engine import translated_errors
+from app.store.errors import UPGRADE_HINT, SchemaError
+from app.store.postgres import PostgresBackend
+from app.store.schema import make_table
+from app.store.sqlite import SqliteBackend
+from app.store.types import Abandoned, Capability, ClaimIdentity, Completed, Failed, Settlement
+
+_LEVELS: dict[Capability, int] = {"base": 0, "fenced": 1, "durable": 2}
+_BASE_COLUMNS = frozenset(make_table(revision="0001").c.keys())
+
+
+def _capability_of(columns: set[str]) -> Capability:
+    if {"claim_id", "exhausted_at", "acknowledged_at"} <= columns:
+        return "durable"
+    return "fenced" if "claim_id" in columns else "base"
+
+
+def _inspect_columns(connection: Connection, table: str) -> set[str]:
+    inspector = inspect(connection)
+    if not inspector.has_table(table):
+        raise SchemaError(f"table {table!r} does not exist; {UPGRADE_HINT}")
+    columns = {column["name"] for column in inspector.get_columns(table)}
+    missing = _BASE_COLUMNS - columns
+    if missing:
+        raise SchemaError(f"table {table!r} lacks {sorted(missing)}; {UPGRADE_HINT}")
+    return columns
+
+
+async def read_capability(engine: AsyncEngine, table: str) -> Capability:
+    """The highest level the live table serves; SchemaError when it is missing or incomplete."""
+    with translated_errors(table):
+        async with engine.connect() as connection:
+            columns = await connection.run_sync(_inspect_columns, table)
+    return _capability_of(columns)
+
+
+def check_settlement(value: Settlement) -> Settlement:
+    if not isinstance(value, Completed | Failed | Abandoned):
+        raise ValueError(f"settlement {value!r} is not Completed, Failed or Abandoned")
+    return value
+
+
+def check_identity(value: ClaimIdentity) -> ClaimIdentity:
+    if not isinstance(value, ClaimIdentity):
+        raise ValueError(f"identity {value!r} is not a ClaimIdentity")
+    return value
+
+
+def check_lease(now: int, lease_until: int) -> tuple[int, int]:
+    validate.millis("now", now)
+    validate.millis("lease_until", lease_until)
+    if lease_until <= now:
+        raise ValueError(f"lease_until {lease_until} is not after now {now}: a lease is positive")
+    return now, lease_until
+
+
+def check_bots(bots: Sequence[str] | None) -> list[str] | None:
+    if bots is None:
+        return None
+    if isinstance(bots, str):
+        raise ValueError(f"bots {bots!r} must be a sequence of bot names, not one string")
+    return [validate.bot_name(bot) for bot in bots]
+
+
+class SqlCore:
+    """What every method stands on: the table, the live capability, the backend, and the
+    kinds of transaction a statement runs in."""
+
+    def __init__(self, engine: AsyncEngine, table: str, capability: Capability) -> None:
+        """`engine` as `create_store_engine` makes it (on PostgreSQL: AUTOCOMMIT)."""
+        self.table: Table = make_table(table, revision="0002" if capability != "base" else "0001")
+        self._capability: Capability = capability
+        self._backend: Backend = (
+            SqliteBackend(engine) if engine.dialect.name == "sqlite" else PostgresBackend(engine)
+        )
+        # Public, and what `transaction` opens: a real transaction on either backend.
+        self.engine = self._backend.transactions
+        self._backend.prepare(self.table, self.wake_channel)
+
+    @property
+    def capability(self) -> Capability:
+        return self._capability
+
+    @property
+    def dialect(self) -> str:
+        return self._backend.name
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def refresh_capability(self) -> Capability:
+        """Read the live schema again (after `alembic upgrade head` on a running service)."""
+        self._capability = await read_capability(self.engine, self.table.name)
+        self.table = make_table(self.table.name, "0002" if self._capability != "base" else "0001")
+        self._backend.prepare(self.table, self.wake_channel)
+        return self._capability
+
+    def require(self, level: Capability, feature: str) -> None:
+        """Stop with SchemaError when the live schema is below `level`."""
+        if _LEVELS[self._capability] < _LEVELS[level]:
+            raise SchemaError(
+                f"{feature} needs a {level} store but table {self.table.name!r} is at "
+                f"revision 0001 ({self._capability}); {UPGRADE_HINT}"
+            )
+
+    @property
+    def wake_channel(self) -> str:
+        """The PostgreSQL channel notified by every commit that adds updates."""
+        return f"{self.table.name}_added"
+
+    async def ping(self) -> None:
+        async with self._read() as connection:
+            await connection.execute(queries.ping())
+
+    async def database_time(self) -> int:
+        """The database's clock, epoch ms. SQLite's file is on this host: its clock is ours."""
+        with translated_errors(self.table.name):
+            return await self._backend.database_time()
+
+    async def listen(
+        self, wake: Callable[[], None], *, listening: asyncio.Event | None = None
+    ) -> None:
+        """Call `wake` on every commit of another process that adds updates (PostgreSQL
+        LISTEN), until cancelled; returns at once on SQLite."""
+        await self._backend.listen(wake, listening=listening)
+
+    async def announce(self) -> None:
+        """Wake the workers of other processes now (the NOTIFY that `add_many` sends on its
+        own); a no-op on SQLite, which has no listeners."""
+        with translated_errors(self.table.name):
+            await self._backend.announce()
+
+    # -- transactions --------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        """One write. On SQLite a transaction (BEGIN IMMEDIATE); on PostgreSQL the connection
+        autocommits, so each statement is its own transaction: a method that needs several
+        statements to commit together must use `transaction()` instead."""
+        with translated_errors(self.table.name):
+            async with self._backend.write() as connection:
+                yield connection
+
+    async def _changed(self, statement: Executable) -> bool:
+        """Run one transition in its own write transaction; whether it matched a row."""
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        with translated_errors(self.table.name):
+            async with self._backend.read() as connection:
+                yield connection
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction for the caller's own statements in this database, committed on
+        exit. Pass it to `owns(..., connection=)` to make the check and a domain write atomic;
+        on SQLite it holds the write lock from its start. Call no other store method inside
+        it: they would wait for this very transaction. Database errors raised inside it,
+        the caller's own included, arrive as store errors."""
+        with translated_errors(self.table.name):
+            async with self._backend.transaction() as connection:
+                yield connection

@@ -1,0 +1,63 @@
+"""The durable level (revision 0002): a terminal failure is an exhaustion record that stays until
+its exact acknowledgement."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.store import queries, validate
+from app.store.sqlstore.core import check_bots, check_identity
+from app.store.sqlstore.fenced import FencedMethods
+from app.store.types import (
+    ClaimIdentity,
+    Exhaustion,
+)
+
+
+class DurableMethods(FencedMethods):
+    async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
+        self.require("durable", "exhaust")
+        statement = queries.exhaust(
+            self.table,
+            identity=check_identity(identity),
+            at=validate.millis("at", at),
+            error=validate.text("error", error),
+        )
+        return await self._changed(statement)
+
+    async def due_exhaustions(
+        self,
+        *,
+        limit: int,
+        after: tuple[str, int] | None = None,
+        bots: Sequence[str] | None = None,
+    ) -> list[Exhaustion]:
+        self.require("durable", "due_exhaustions")
+        if after is not None:
+            if not isinstance(after, tuple) or len(after) != 2:
+                raise ValueError(f"after {after!r} is not a (bot, update_id) cursor")
+            after = (validate.bot_name(after[0]), validate.update_id(after[1]))
+        names = check_bots(bots)
+        if names == []:
+            return []
+        statement = queries.due_exhaustions(
+            self.table, limit=validate.positive("limit", limit), after=after, bots=names
+        )
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+        return [
+            Exhaustion(
+                identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
+                body=row.body,
+                error=row.error,
+                exhausted_at=row.exhausted_at,
+            )
+            for row in rows
+        ]
+
+    async def acknowledge_exhaustion(self, identity: ClaimIdentity, at: int) -> bool:
+        self.require("durable", "acknowledge_exhaustion")
+        statement = queries.acknowledge_exhaustion(
+            self.table, identity=check_identity(identity), at=validate.millis("at", at)
+        )
+        return await self._changed(statement)

@@ -1,0 +1,173 @@
+"""The fenced level (revision 0002): every claim mints a claim_id, and every later transition
+matches the whole identity `{bot, update_id, attempt, claim_id}` and a live lease."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.store import queries, validate
+from app.store.engine import translated_errors
+from app.store.sqlstore.base import BaseMethods
+from app.store.sqlstore.core import check_bots, check_identity, check_lease, check_settlement
+from app.store.types import (
+    Claimed,
+    ClaimIdentity,
+    Ordering,
+    Settlement,
+)
+
+
+class FencedMethods(BaseMethods):
+    async def claim_owned(
+        self,
+        bot: str,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> ClaimIdentity | None:
+        durable = validate.flag("durable_exhaustion", durable_exhaustion)
+        self.require("durable" if durable else "fenced", "claim_owned")
+        now, lease_until = check_lease(now, lease_until)
+        statement = queries.claim_owned(
+            self.table,
+            bot=validate.bot_name(bot),
+            update_id=validate.update_id(update_id),
+            now=now,
+            lease_until=lease_until,
+            max_attempts=validate.attempts("max_attempts", max_attempts),
+            durable_exhaustion=durable_exhaustion,
+        )
+        async with self._write() as connection:
+            row = (await connection.execute(statement)).first()
+        if row is None or row.state != "processing":
+            return None
+        return ClaimIdentity(bot, update_id, row.attempts, row.claim_id)
+
+    async def claim_next_owned(
+        self,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        limit: int,
+        ordering: Ordering = "chat",
+        bots: Sequence[str] | None = None,
+        durable_exhaustion: bool = False,
+    ) -> list[Claimed]:
+        durable = validate.flag("durable_exhaustion", durable_exhaustion)
+        self.require("durable" if durable else "fenced", "claim_next_owned")
+        now, lease_until = check_lease(now, lease_until)
+        if ordering not in ("chat", "none"):
+            raise ValueError(f"ordering {ordering!r} is not 'chat' or 'none'")
+        names = check_bots(bots)
+        if names == []:
+            return []
+        numbers = {
+            "now": now,
+            "lease_until": lease_until,
+            "max_attempts": validate.attempts("max_attempts", max_attempts),
+            "limit": validate.positive("limit", limit),
+        }
+        async with self._write() as connection:
+            rows = await self._backend.claim_next_owned(
+                connection,
+                self.table,
+                numbers,
+                ordering=ordering,
+                bots=names,
+                durable_exhaustion=durable_exhaustion,
+            )
+        claimed = [
+            Claimed(
+                identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
+                body=row.body,
+                update_type=row.update_type,
+                queue_key=row.queue_key,
+                received_at=row.received_at,
+            )
+            for row in rows
+            if row.state == "processing"
+        ]
+        claimed.sort(key=lambda c: (c.identity.bot, c.identity.update_id))
+        return claimed
+
+    async def renew_owned(
+        self, identity: ClaimIdentity, lease_until: int, now: int | None = None
+    ) -> bool:
+        return await self.renewed_lease(identity, lease_until, now) is not None
+
+    async def renewed_lease(
+        self, identity: ClaimIdentity, lease_until: int, now: int | None = None
+    ) -> int | None:
+        """`renew_owned`, answering with the lease's expiry after it (epoch ms; a renewal
+        never shortens) instead of True."""
+        self.require("fenced", "renew_owned")
+        statement = queries.renew_owned(
+            self.table,
+            identity=check_identity(identity),
+            lease_until=validate.millis("lease_until", lease_until),
+            now=None if now is None else validate.millis("now", now),
+        )
+        async with self._write() as connection:
+            row = (await connection.execute(statement)).first()
+        return None if row is None else int(row.due_at)
+
+    async def owns(
+        self, identity: ClaimIdentity, at: int, *, connection: AsyncConnection | None = None
+    ) -> bool:
+        return await self.owned_lease(identity, at, connection=connection) is not None
+
+    async def owned_lease(
+        self, identity: ClaimIdentity, at: int, *, connection: AsyncConnection | None = None
+    ) -> int | None:
+        """`owns`, answering with the lease's expiry (epoch ms) instead of True."""
+        self.require("fenced", "owns")
+        identity, at = check_identity(identity), validate.millis("at", at)
+        if connection is not None:
+            # Inside the caller's transaction: hold the row until it commits.
+            statement = queries.owns(self.table, identity=identity, at=at, lock=True)
+            with translated_errors(self.table.name):
+                row = (await connection.execute(statement)).first()
+        else:
+            # A bare answer: locking would release at once, and only wait behind other holders.
+            async with self._read() as own:
+                row = await self._backend.owns(own, self.table, identity, at)
+        return None if row is None else int(row.due_at)
+
+    async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
+        self.require("fenced", "settle_owned")
+        statement = queries.settle_owned(
+            self.table, identity=check_identity(identity), settlement=check_settlement(settlement)
+        )
+        return await self._changed(statement)
+
+    async def settle_many_owned(
+        self,
+        items: Sequence[tuple[ClaimIdentity, Settlement]],
+        *,
+        waiting: set[tuple[str, int]] | None = None,
+    ) -> list[bool]:
+        """`settle_owned` for a batch, in one transaction (one statement on PostgreSQL); for
+        each item, whether it took effect. A key may appear once per batch. `waiting`, when
+        given, receives the settled keys whose chat still has a later update to deliver (on
+        SQLite: every settled key, which costs no query and misses none)."""
+        self.require("fenced", "settle_many_owned")
+        checked = [
+            (check_identity(identity), check_settlement(settlement))
+            for identity, settlement in items
+        ]
+        keys = [(identity.bot, identity.update_id) for identity, _ in checked]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"keys {sorted(k for k in keys if keys.count(k) > 1)} repeat")
+        if not checked:
+            return []
+        async with self._write() as connection:
+            settled = await self._backend.settle_many_owned(connection, self.table, checked)
+        if waiting is not None:
+            waiting.update(key for key, chat_waits in settled.items() if chat_waits)
+        return [key in settled for key in keys]
