@@ -10,6 +10,7 @@ from __future__ import annotations
 import email.utils
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -65,9 +66,9 @@ def _detail(response: httpx.Response) -> str:
     return " ".join(text.split())[:MAX_ERROR_CHARS].replace("\x00", "")
 
 
-def retry_after(value: str | None) -> float | None:
-    """Seconds from a `Retry-After` header (delta-seconds or an HTTP date); None if absent
-    or unreadable."""
+def retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds from a `Retry-After` header (delta-seconds or an HTTP date, counted from
+    `now`, the wall clock in epoch seconds); None if absent or unreadable."""
     if value is None:
         return None
     value = value.strip()
@@ -79,13 +80,20 @@ def retry_after(value: str | None) -> float | None:
         return None
     if when.tzinfo is None:
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return max(0.0, when.timestamp() - now())
 
 
-def retry_delay_ms(bot: BotSettings, attempt: int, outcome: Outcome) -> int:
+def retry_delay_ms(
+    bot: BotSettings,
+    attempt: int,
+    outcome: Outcome,
+    *,
+    jitter: Callable[[], float] = random.random,  # spreads retries: no secret hangs on it
+) -> int:
     """How long to wait before the next attempt. `Retry-After` within its cap wins; otherwise
-    exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(attempt-1))]."""
+    exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(attempt-1))],
+    drawn as `jitter()` (in [0, 1)) times the ceiling."""
     if outcome.retry_after is not None:
         return int(min(outcome.retry_after, bot.retry_after_cap_seconds) * 1000)
     ceiling = min(bot.retry_cap_seconds, bot.retry_base_seconds * 2 ** min(attempt - 1, 60))
-    return int(random.random() * ceiling * 1000)  # noqa: S311 - jitter, not a secret
+    return int(jitter() * ceiling * 1000)

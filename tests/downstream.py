@@ -2,7 +2,10 @@
 
 `FakeDownstream` records every request it gets, in order, with the identity headers; what it
 answers is up to the test (`answer`, which may sleep to hang). It serves `/hook` for updates
-and `/exhausted` for exhaustion records.
+and `/exhausted` for exhaustion records. A `ManualClock` given to `dispatching` is the only
+time its dispatcher's clock and breakers see: a test moves it, and `looked_again` waits until
+the dispatcher has had its chance to act on what it shows, so an absence is proven, not slept
+on.
 """
 
 from __future__ import annotations
@@ -148,15 +151,40 @@ def settings_for(url: str, *bots: BotSettings, **options: Any) -> Settings:
     return Settings(database_url=url, bots=bots, **{**defaults, **options})
 
 
+class ManualClock:
+    """A monotonic clock that stands still until `advance`d (for `Dispatcher(monotonic_ns=)`).
+    It starts at zero, so whole steps add up exactly in floating-point seconds."""
+
+    def __init__(self) -> None:
+        self._ns = 0
+
+    def monotonic_ns(self) -> int:
+        return self._ns
+
+    def advance(self, seconds: float) -> None:
+        self._ns += round(seconds * 1_000_000_000)
+
+
 @asynccontextmanager
-async def dispatching(settings: Settings) -> AsyncIterator[tuple[Dispatcher, SqlUpdateStore]]:
-    """A dispatcher with a store of its own, as a worker process would have."""
+async def dispatching(
+    settings: Settings, *, clock: ManualClock | None = None
+) -> AsyncIterator[tuple[Dispatcher, SqlUpdateStore]]:
+    """A dispatcher with a store of its own, as a worker process would have; on `clock` when
+    given, the real monotonic clock otherwise."""
+    monotonic_ns = time.monotonic_ns if clock is None else clock.monotonic_ns
     store = await open_store(settings.database_url)
     try:
-        async with running_dispatcher(store, settings) as dispatcher:
+        async with running_dispatcher(store, settings, monotonic_ns=monotonic_ns) as dispatcher:
             yield dispatcher, store
     finally:
         await store.close()
+
+
+async def looked_again(dispatcher: Dispatcher) -> None:
+    """Until `dispatcher` has begun and ended a whole claim pass since the call: whatever it
+    could claim now, it has claimed (a pass may already be under way: wait for the next)."""
+    passes = dispatcher.claim_passes
+    await eventually(lambda: dispatcher.claim_passes >= passes + 2)
 
 
 async def eventually(check: Callable[[], Any], *, within: float = 15.0) -> Any:

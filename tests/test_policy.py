@@ -1,4 +1,5 @@
-"""Outcome classification (SPEC section 6), Retry-After, backoff, and the breaker."""
+"""Outcome classification (SPEC section 6), Retry-After and backoff (the breaker has its own
+tests, under tests/dispatch)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import pytest
 from pydantic import SecretStr
 
 from app.config import BotSettings
-from app.dispatch.breaker import Breaker
 from app.policy import Outcome, classify, classify_error, retry_after, retry_delay_ms
 
 BOT = BotSettings(name="shop", secret_token=SecretStr("s"))
@@ -69,6 +69,14 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     in_a_minute = email.utils.formatdate(time.time() + 60, usegmt=True)
     assert 55 <= (retry_after(in_a_minute) or 0) <= 61
     assert retry_after(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
+
+
+def test_retry_after_counts_an_http_date_from_the_clock_given() -> None:
+    date = "Wed, 21 Oct 2015 07:28:00 GMT"
+    at = email.utils.parsedate_to_datetime(date).timestamp()
+    assert retry_after(date, now=lambda: at - 90) == 90.0
+    assert retry_after(date, now=lambda: at) == 0.0
+    assert retry_after(date, now=lambda: at + 5) == 0.0  # a date past is no wait at all
     for unreadable in (None, "", "soon", "-5", "1.5e9", "Mon, 99 Foo 2026"):
         assert retry_after(unreadable) is None
 
@@ -77,7 +85,7 @@ def test_a_429_carries_its_retry_after() -> None:
     assert answer(429, **{"retry-after": "12"}).retry_after == 12.0
 
 
-def test_retry_delay_is_full_jitter_under_the_exponential_ceiling() -> None:
+def test_retry_delay_by_default_is_random_over_the_whole_range() -> None:
     bot = BOT.model_copy(update={"retry_base_seconds": 2, "retry_cap_seconds": 600})
     retry = Outcome("retry", "HTTP 500")
     for attempt, ceiling in ((1, 2_000), (3, 8_000), (9, 512_000), (10, 600_000), (60, 600_000)):
@@ -87,39 +95,28 @@ def test_retry_delay_is_full_jitter_under_the_exponential_ceiling() -> None:
         assert min(delays) < ceiling * 0.2
 
 
+@pytest.mark.parametrize(
+    ("attempt", "ceiling_ms"), [(1, 2_000), (2, 4_000), (3, 8_000), (9, 512_000), (10, 600_000)]
+)
+def test_retry_delay_is_the_jitter_times_the_exponential_ceiling(
+    attempt: int, ceiling_ms: int
+) -> None:
+    bot = BOT.model_copy(update={"retry_base_seconds": 2, "retry_cap_seconds": 600})
+    retry = Outcome("retry", "HTTP 500")
+    for jitter, delay in ((0.0, 0), (0.25, ceiling_ms // 4), (0.5, ceiling_ms // 2)):
+        assert retry_delay_ms(bot, attempt, retry, jitter=lambda j=jitter: j) == delay
+    # random.random() is below 1: the longest wait falls just short of the ceiling.
+    assert retry_delay_ms(bot, attempt, retry, jitter=lambda: 1 - 2**-53) == ceiling_ms - 1
+
+
+def test_retry_delay_ceiling_stops_doubling_at_the_cap_for_any_attempt() -> None:
+    bot = BOT.model_copy(update={"retry_base_seconds": 0.5, "retry_cap_seconds": 30})
+    retry = Outcome("retry", "HTTP 503")
+    half = [retry_delay_ms(bot, attempt, retry, jitter=lambda: 0.5) for attempt in (1, 6, 7, 10**6)]
+    assert half == [250, 8_000, 15_000, 15_000]  # 0.5 s doubled: 16 s, then the 30 s cap
+
+
 def test_retry_after_wins_over_backoff_within_its_cap() -> None:
     bot = BOT.model_copy(update={"retry_after_cap_seconds": 30})
     assert retry_delay_ms(bot, 1, Outcome("retry", "429", retry_after=5)) == 5_000
     assert retry_delay_ms(bot, 1, Outcome("retry", "429", retry_after=3_600)) == 30_000
-
-
-def test_breaker_opens_after_consecutive_failures_and_probes_after_the_cooldown() -> None:
-    breaker = Breaker("shop", failures=3, cooldown=0.2)
-    for _ in range(2):
-        breaker.record(failed=True)
-    breaker.record(failed=False)  # a success resets the count
-    for _ in range(2):
-        breaker.record(failed=True)
-    assert breaker.allowance(10) == 10
-    breaker.record(failed=True)
-    assert breaker.state == "open"
-    assert breaker.allowance(10) == 0
-    time.sleep(0.25)
-    assert breaker.state == "half-open"
-    assert breaker.allowance(10) == 1  # one probe
-    breaker.started(1)
-    assert breaker.allowance(10) == 0  # while the probe is out
-    breaker.record(failed=True)
-    assert breaker.state == "open"  # the probe failed: another cool-down
-    time.sleep(0.25)
-    breaker.started(breaker.allowance(10))
-    breaker.record(failed=False)
-    assert breaker.state == "closed"
-    assert breaker.allowance(10) == 10
-
-
-def test_breaker_with_zero_failures_never_opens() -> None:
-    breaker = Breaker("shop", failures=0, cooldown=60)
-    for _ in range(100):
-        breaker.record(failed=True)
-    assert breaker.allowance(5) == 5

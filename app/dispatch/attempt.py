@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -18,7 +20,12 @@ class Lane:
     """One bot's share of a dispatcher: its settings, downstream, breaker, attempts in flight."""
 
     def __init__(
-        self, bot: BotSettings, transport: httpx.AsyncBaseTransport, meters: AttemptMeters
+        self,
+        bot: BotSettings,
+        transport: httpx.AsyncBaseTransport,
+        meters: AttemptMeters,
+        *,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.bot = bot
         self.name = bot.name
@@ -27,7 +34,10 @@ class Lane:
         self.lease_ms = int(bot.lease_seconds * 1000)
         self.downstream = Downstream(bot, transport)
         self.breaker = Breaker(
-            bot.name, failures=bot.breaker_failures, cooldown=bot.breaker_cooldown_seconds
+            bot.name,
+            failures=bot.breaker_failures,
+            cooldown=bot.breaker_cooldown_seconds,
+            monotonic_ns=monotonic_ns,
         )
         self.in_flight = 0
         self.meters = meters

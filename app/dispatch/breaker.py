@@ -3,13 +3,15 @@
 Closed: claims flow. After `failures` consecutive failed attempts it opens: nothing of the
 bot is claimed for `cooldown` seconds, and updates keep their remaining attempts in the table.
 Then one probe attempt is let through (half-open): its success closes the breaker, its failure
-opens it again for another cool-down.
+opens it again for another cool-down. The cool-down runs on the monotonic clock it is given
+(`time.monotonic_ns` unless a test passes a fake).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Literal
 
 log = logging.getLogger(__name__)
@@ -18,19 +20,30 @@ BreakerState = Literal["closed", "open", "half-open"]
 
 
 class Breaker:
-    def __init__(self, name: str, *, failures: int, cooldown: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        failures: int,
+        cooldown: float,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self._name = name
+        self._monotonic_ns = monotonic_ns
         self._threshold = failures  # 0: never opens
         self._cooldown = cooldown
         self._failures = 0
         self._opened_at: float | None = None
         self._probing = False
 
+    def _monotonic(self) -> float:
+        return self._monotonic_ns() / 1_000_000_000
+
     @property
     def state(self) -> BreakerState:
         if self._opened_at is None:
             return "closed"
-        if time.monotonic() - self._opened_at < self._cooldown:
+        if self._monotonic() - self._opened_at < self._cooldown:
             return "open"
         return "half-open"
 
@@ -39,7 +52,7 @@ class Breaker:
         or a probe is out)."""
         if self._opened_at is None or self._probing:
             return None
-        return max(0.0, self._cooldown - (time.monotonic() - self._opened_at))
+        return max(0.0, self._cooldown - (self._monotonic() - self._opened_at))
 
     def allowance(self, wanted: int) -> int:
         """How many of `wanted` attempts may start now."""
@@ -78,5 +91,5 @@ class Breaker:
                     self._failures,
                     self._cooldown,
                 )
-            self._opened_at = time.monotonic()
+            self._opened_at = self._monotonic()
             self._probing = False

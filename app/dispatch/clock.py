@@ -19,31 +19,36 @@ from app.store import DurableUpdateStore, StoreError
 log = logging.getLogger(__name__)
 
 
-def _monotonic_ms() -> float:
-    return time.monotonic_ns() / 1_000_000
-
-
 class DatabaseClock:
-    """Epoch milliseconds by the database's clock, read through the local monotonic clock."""
+    """Epoch milliseconds by the database's clock, read through the local monotonic clock
+    (`monotonic_ns`; `time_ns` is the wall clock, the guess until the first sync)."""
 
-    def __init__(self, store: DurableUpdateStore, *, resync_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        store: DurableUpdateStore,
+        *,
+        resync_seconds: float = 30.0,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
+        time_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
         self._store = store
         self._resync = resync_seconds
+        self._monotonic_ns = monotonic_ns
         # Until the first sync: the local wall clock, the best guess there is.
-        self._offset = time.time_ns() / 1_000_000 - _monotonic_ms()
+        self._offset = time_ns() / 1_000_000 - self._monotonic_ms()
 
     def now(self) -> int:
-        return int(_monotonic_ms() + self._offset)
+        return int(self._monotonic_ms() + self._offset)
 
     def seconds_until(self, at: int) -> float:
         """How long from now until `now()` reaches `at` (0 when it has)."""
-        return max(0.0, (at - _monotonic_ms() - self._offset) / 1000)
+        return max(0.0, (at - self._monotonic_ms() - self._offset) / 1000)
 
     async def sync(self) -> None:
         """Read the database's clock; the offset is taken at the round trip's midpoint."""
-        before = _monotonic_ms()
+        before = self._monotonic_ms()
         database = await self._store.database_time()
-        after = _monotonic_ms()
+        after = self._monotonic_ms()
         self._offset = database - (before + after) / 2
 
     async def run(self) -> None:
@@ -56,6 +61,9 @@ class DatabaseClock:
                 log.warning("could not read the database clock: %s", error)
             except Exception:  # keep the last offset; a bug must not end the resync
                 log.exception("could not read the database clock")
+
+    def _monotonic_ms(self) -> float:
+        return self._monotonic_ns() / 1_000_000
 
 
 async def wait_or_timeout(event: asyncio.Event, seconds: float) -> bool:

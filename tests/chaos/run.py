@@ -41,7 +41,7 @@ from typing import Any
 import aiohttp
 import psycopg
 
-from app.dispatch.dispatcher import EXPIRED
+from app.dispatch.runner import EXPIRED
 from app.store.migrate import upgrade
 from app.store.queries import SPENT_ERROR
 from tests.chaos.cluster import Database, chaos_database, wait_until_up

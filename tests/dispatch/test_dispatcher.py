@@ -1,10 +1,13 @@
 """The dispatcher end to end, in this process: a real store on each backend, a real
-downstream server, and a rival dispatcher where a test needs one."""
+downstream server, and a rival dispatcher where a test needs one. Where a test proves that
+something does not happen in time, its dispatchers run on a `ManualClock` that the test moves,
+and it waits for them to have looked (`looked_again`) instead of sleeping."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.config import ApiKey
-from app.dispatch.dispatcher import HANDED_BACK
+from app.dispatch import Dispatcher
+from app.dispatch.runner import HANDED_BACK
 from app.kit import IntakeClient
 from app.kit.wire import Identity
 from app.main import create_app
@@ -32,12 +36,14 @@ from tests.downstream import (
     DOWNSTREAM_SECRET,
     SIGNING_SECRET,
     FakeDownstream,
+    ManualClock,
     Received,
     bot,
     by_attempt,
     dispatching,
     eventually,
     hang,
+    looked_again,
     message,
     now_ms,
     ok,
@@ -106,12 +112,19 @@ async def test_dispatch_honours_retry_after_on_429(
 ) -> None:
     downstream.answer = by_attempt(status(429, {"Retry-After": "1"}), ok)
     url = storage.url()
-    async with dispatching(settings_for(url, bot(downstream))) as (_, store):
-        await store.add("shop", 1, message(1), now_ms())
+    clock = ManualClock()
+    async with dispatching(settings_for(url, bot(downstream)), clock=clock) as (worker, store):
+        await store.add("shop", 1, message(1), worker.clock.now())  # due by the clock it reads
+        await until(url, lambda r: r[0][1] == "failed")
+        # Due again a second after the 429, by the clock the worker read (standing still).
+        await until(url, lambda r: r == [(worker.clock.now() + 1_000,)], "due_at")
+        # The backoff alone would be at most 50 ms; the downstream asked for one second.
+        clock.advance(0.99)
+        await looked_again(worker)
+        assert len(downstream.received) == 1
+        clock.advance(0.02)
         await until(url, lambda r: r[0][1] == "completed")
-    first, second = downstream.received
-    # The backoff alone would be at most 50 ms; the downstream asked for one second.
-    assert second.at - first.at >= 0.95
+    assert [r.attempt for r in downstream.received] == [1, 2]
 
 
 async def test_a_terminal_4xx_becomes_an_exhaustion_delivered_and_acknowledged(
@@ -186,10 +199,9 @@ async def test_a_202_defers_the_settle_to_the_downstream_which_settles_through_t
     url = storage.url()
     key = "deferring-downstream.key"
     settings = settings_for(url, bot(downstream), api_keys=(ApiKey(key=SecretStr(key)),))
-    async with (
-        serve_asgi(create_app(settings, workers=True)) as service,
-        IntakeClient(service, key) as intake,
-    ):
+    app = create_app(settings, workers=True)
+    async with serve_asgi(app) as service, IntakeClient(service, key) as intake:
+        worker: Dispatcher = app.state.dispatcher  # runs in the server's thread
         store = await open_store(url)
         try:
             # Two updates of one chat: the second waits for the first's settle.
@@ -205,7 +217,10 @@ async def test_a_202_defers_the_settle_to_the_downstream_which_settles_through_t
             attempt=int(seen.headers["x-intake-attempt"]),
             claim_id=seen.headers["x-intake-claim-id"],
         )
-        await asyncio.sleep(0.3)  # the dispatcher has had its chance to settle, and must not have
+        # The attempt has ended without a settle, and the claim loop has looked since: the
+        # chat's next update stays behind the deferred one.
+        await eventually(lambda: worker.in_flight == 0)
+        await looked_again(worker)
         assert rows(url)[0][1] == "processing"
         assert [r.update_id for r in downstream.received] == [5]
         renewed = await intake.renew(identity, lease_ms=30_000)
@@ -322,17 +337,36 @@ async def test_a_hung_request_loses_its_claim_when_renewal_fails_and_the_rival_c
 async def test_a_long_request_keeps_its_lease_by_renewal(
     storage: Storage, downstream: FakeDownstream
 ) -> None:
+    """Two and a half leases pass, by the clock both workers read, while the request runs:
+    the owner renews each half lease, and the rival, looking all along, never finds it lapsed."""
+    answered = threading.Event()
+
     async def slow(received: Received, request: object) -> object:
-        await asyncio.sleep(2.5)  # two and a half leases
+        await asyncio.to_thread(answered.wait, 30)  # set from the test's thread
         return await status(200)(received, request)  # type: ignore[arg-type]
 
     downstream.answer = slow  # type: ignore[assignment]
     url = storage.url()
+    clock = ManualClock()
     settings = settings_for(url, bot(downstream, lease_seconds=1))
-    async with dispatching(settings) as (worker, store), dispatching(settings) as (rival, _):
-        await store.add("shop", 1, message(1), now_ms())
+    async with (
+        dispatching(settings, clock=clock) as (worker, store),
+        dispatching(settings, clock=clock) as (other, _),
+    ):
+        due = min(worker.clock.now(), other.clock.now())  # by the clocks they read
+        await store.add("shop", 1, message(1), due)
+        await eventually(lambda: downstream.received)
+        owner, rival = (worker, other) if worker.in_flight else (other, worker)
+        try:
+            for _ in range(5):
+                clock.advance(0.5)  # past a third of the lease: renewal is due
+                renewed_until = owner.clock.now() + 1_000
+                await until(url, lambda r, lease=renewed_until: r == [(lease,)], "due_at", within=5)
+                await looked_again(rival)
+        finally:
+            answered.set()
         await until(url, lambda r: r[0][1] == "completed")
-        assert worker.owner_lost == rival.owner_lost == 0
+        assert worker.owner_lost == other.owner_lost == 0
     assert len(downstream.received) == 1
 
 
@@ -357,6 +391,7 @@ async def test_the_breaker_stops_claiming_while_the_downstream_is_down_then_clos
 ) -> None:
     downstream.answer = status(502)
     url = storage.url()
+    clock = ManualClock()  # the cool-down ends when the test says, however slow the machine
     shop = bot(
         downstream,
         ordering="none",
@@ -365,18 +400,23 @@ async def test_the_breaker_stops_claiming_while_the_downstream_is_down_then_clos
         max_attempts=50,
         concurrency=1,
     )
-    async with dispatching(settings_for(url, shop)) as (worker, store):
+    async with dispatching(settings_for(url, shop), clock=clock) as (worker, store):
         for update_id in range(1, 11):
-            await store.add("shop", update_id, message(update_id, chat=update_id), now_ms())
-        await eventually(lambda: len(downstream.received) >= 3)
-        await asyncio.sleep(0.5)  # within the cool-down: nothing more is tried
+            body = message(update_id, chat=update_id)
+            await store.add("shop", update_id, body, worker.clock.now())
+        await eventually(lambda: len(downstream.received) >= 3 and worker.in_flight == 0)
+        await looked_again(worker)  # within the cool-down: nothing more is tried
         assert len(downstream.received) == 3
-        await eventually(lambda: len(downstream.received) >= 4, within=5)  # the probe
+        clock.advance(0.99)
+        await looked_again(worker)  # still within it
+        assert len(downstream.received) == 3
         downstream.answer = status(200)
+        clock.advance(0.02)  # the cool-down is over: one probe, whose success closes it
         await until(url, lambda r: all(s == "completed" for _, s, _, _ in r), within=20)
         assert worker.owner_lost == 0
-    # Ten updates, three failures and a probe or two: attempts were not burned while down.
-    assert sum(attempts for _, _, attempts, _ in rows(url)) <= 16
+    # Ten updates and three failures: not one attempt was burned while it was down.
+    assert sum(attempts for _, _, attempts, _ in rows(url)) == 13
+    assert len(downstream.received) == 13
 
 
 async def test_a_fenced_bot_refuses_to_start_on_a_0001_table(
@@ -508,7 +548,7 @@ async def test_an_attempt_cancelled_before_it_starts_gives_its_capacity_back(
         lane = worker._lanes[0]
         identity = ClaimIdentity("shop", 1, 1, "never-claimed")
         claimed = Claimed(identity, message(1), "message", "42", now_ms())
-        attempt = worker._start(lane, claimed, now_ms() + 5_000, now_ms())
+        attempt = worker._claims.start(lane, claimed, now_ms() + 5_000, now_ms())
         assert worker.in_flight == 1
         assert attempt.task is not None
         attempt.task.cancel()  # before its first step: its coroutine never runs

@@ -52,7 +52,8 @@ async def test_a_worker_elsewhere_wakes_on_the_intakes_notification(
         intake_store = await open_store(url)  # another process's connections
         try:
             await asyncio.wait_for(worker.listening.wait(), 5)
-            await asyncio.sleep(0.3)  # the worker has looked, found nothing, and sleeps
+            # The worker has looked, found nothing, and sleeps (a pass ends in its wait).
+            await eventually(lambda: worker.claim_passes >= 1)
             await intake_store.add("shop", 1, message(1), now_ms())  # its commit notifies
             await eventually(lambda: downstream.received, within=5)
         finally:

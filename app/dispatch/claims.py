@@ -1,0 +1,180 @@
+"""The claim loop: claim due updates in batches per lane, start an attempt for each, sleep.
+
+One loop per process takes batches with `claim_next_owned` (per-chat ordering is the
+database's: only the oldest non-terminal row of a chat is eligible), within a limit per
+process and per bot, turning through the lanes so none starves. A bot whose breaker is open
+is passed over. A plain bot lists its due rows and claims them one by one with the base
+methods. The loop sleeps until woken: by `wake` (new rows, from the intake in this process or
+a PostgreSQL NOTIFY from one elsewhere), by a retry falling due, by an attempt ending (which
+may unblock its chat), or by the poll interval.
+
+Each claimed row becomes an `Attempt` run as a task by the `AttemptRunner`; its end is
+counted, by bot and outcome, as the task finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from app.dispatch.attempt import Attempt, Lane
+from app.dispatch.clock import DatabaseClock, wait_or_timeout
+from app.dispatch.runner import AttemptRunner
+from app.logs import AttemptLog
+from app.store import Claimed, ClaimIdentity, DurableUpdateStore, StoreError
+
+log = logging.getLogger(__name__)
+
+# A plain bot's attempts have no claim_id (revision 0001); this stands in, never sent or stored.
+PLAIN_CLAIM = "(plain)"
+
+
+class ClaimLoop:
+    """Claims for `lanes` while at most `capacity` attempts are in flight, `batch` rows a
+    statement, and starts each attempt with `runner`. `wake` is its doorbell."""
+
+    def __init__(
+        self,
+        store: DurableUpdateStore,
+        clock: DatabaseClock,
+        lanes: Sequence[Lane],
+        runner: AttemptRunner,
+        *,
+        wake: asyncio.Event,
+        capacity: int,
+        batch: int,
+        poll_seconds: float,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._lanes = list(lanes)
+        self._runner = runner
+        self._wake = wake
+        self._capacity = capacity
+        self._batch = batch
+        self._poll = poll_seconds
+        # Saturated, claim again only once a quarter batch is free: not one row per statement.
+        self._refill = max(1, min(batch, capacity) // 4)
+        self.attempts: set[Attempt] = set()
+        self.in_flight = 0
+        self.passes = 0  # looks at every lane that reached the database: its chances to claim
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Claim no more; `run` returns."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        rotation = 0
+        pause = 0.0
+        while not self._stopping:
+            self._wake.clear()
+            if self._capacity - self.in_flight < self._refill:
+                await wait_or_timeout(self._wake, self._poll)
+                continue
+            more = False
+            failed = False
+            lanes = self._lanes[rotation:] + self._lanes[:rotation]
+            rotation = (rotation + 1) % max(1, len(self._lanes))
+            for lane in lanes:
+                free = min(self._capacity - self.in_flight, lane.bot.concurrency - lane.in_flight)
+                lane.saturated = free <= 0
+                wanted = lane.breaker.allowance(min(free, self._batch))
+                if wanted <= 0 or self._stopping:
+                    continue
+                try:
+                    started = await self._claim(lane, wanted)
+                except StoreError as error:
+                    log.warning("claim for bot %r failed: %s", lane.name, error)
+                    failed = True
+                    continue
+                except Exception:  # a bug must not end the claim loop of a process
+                    log.exception("claim for bot %r failed", lane.name)
+                    failed = True
+                    continue
+                lane.saturated = started == wanted
+                more = more or lane.saturated
+            if failed:
+                # The database is down or struggling: back off instead of spinning on wakes.
+                pause = min(max(pause * 2, 0.05), self._poll)
+                await asyncio.sleep(pause)
+                continue
+            pause = 0.0
+            self.passes += 1
+            if not more:
+                await wait_or_timeout(self._wake, self._idle_seconds())
+
+    def start(self, lane: Lane, claimed: Claimed, lease_until: int, now: int) -> Attempt:
+        """Run the attempt of a row just claimed, counting it in flight until it ends."""
+        attempt = Attempt(lane, claimed, lease_until, now)
+        lane.in_flight += 1
+        self.in_flight += 1
+        self.attempts.add(attempt)
+        if log.isEnabledFor(logging.DEBUG):
+            AttemptLog.of(log, attempt.identity).debug("claimed, lease until %d", lease_until)
+        attempt.task = asyncio.create_task(self._runner.run(attempt))
+        # In a callback, not in run: a task cancelled before its first step never runs it.
+        attempt.task.add_done_callback(lambda _: self._finished(attempt))
+        return attempt
+
+    def _idle_seconds(self) -> float:
+        probes = [lane.breaker.seconds_until_probe() for lane in self._lanes]
+        return min([self._poll, *(seconds for seconds in probes if seconds is not None)])
+
+    async def _claim(self, lane: Lane, wanted: int) -> int:
+        now = self._clock.now()
+        lease_until = now + lane.lease_ms
+        if lane.plain:
+            return await self._claim_plain(lane, wanted, now, lease_until)
+        claimed = await self._store.claim_next_owned(
+            now=now,
+            lease_until=lease_until,
+            max_attempts=lane.bot.max_attempts,
+            limit=wanted,
+            ordering=lane.bot.ordering,
+            bots=[lane.name],
+            durable_exhaustion=lane.durable,
+        )
+        probe = lane.breaker.started(len(claimed))
+        for row in claimed:
+            self.start(lane, row, lease_until, now).probe = probe
+        return len(claimed)
+
+    async def _claim_plain(self, lane: Lane, wanted: int, now: int, lease_until: int) -> int:
+        """A plain bot on the base methods: list its due rows, then claim them one by one (a
+        rival may take any of them first; the claim's condition settles who). The base
+        methods know no chats, so a plain bot's ordering is "none" (see BotSettings)."""
+        due = await self._store.due(now=now, pending_before=now, limit=wanted, bots=[lane.name])
+        started = 0
+        for row in due:
+            attempt = await self._store.claim(
+                row.bot,
+                row.update_id,
+                now=now,
+                lease_until=lease_until,
+                max_attempts=lane.bot.max_attempts,
+            )
+            if attempt is not None:
+                identity = ClaimIdentity(row.bot, row.update_id, attempt, PLAIN_CLAIM)
+                received_at = now if row.received_at is None else row.received_at
+                claimed = Claimed(identity, row.body, row.update_type, None, received_at)
+                self.start(lane, claimed, lease_until, now).probe = lane.breaker.started(1)
+                started += 1
+        return started
+
+    def _finished(self, attempt: Attempt) -> None:
+        lane = attempt.lane
+        lane.meters.attempts["lost" if attempt.lost else attempt.outcome].inc()
+        self.attempts.discard(attempt)
+        lane.in_flight -= 1
+        self.in_flight -= 1
+        if attempt.probe and not attempt.judged:
+            lane.breaker.probe_ended_unjudged()
+            attempt.unblocks = True
+        # Look again only when this end can make something claimable: a waiting update of
+        # its chat, capacity the claim loop waits for, or a bot that had more due. Otherwise
+        # new rows wake the loop themselves, and a poll catches the rest.
+        if attempt.unblocks or lane.saturated or self._capacity - self.in_flight == self._refill:
+            self._wake.set()

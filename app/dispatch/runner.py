@@ -1,0 +1,224 @@
+"""Running one attempt and judging its outcome: forward it, conclude, settle it fenced.
+
+`AttemptRunner.run` forwards a claimed attempt (unless its deadline has passed) and acts on
+the answer (`app.policy`): completed and settled, deferred to the downstream, a retry
+settled as failed and due again after its backoff, or an end. An end is an exhaustion on a
+durable bot, abandoned otherwise. Every settle is fenced by the claim's identity, and a
+write is retried while the database is unavailable and the lease still holds.
+
+A refused settle or exhaustion is the owner-lost signal (`lost`, which the lease keeper
+raises too): the request is cancelled, nothing is settled, and a late answer is ignored. An
+attempt cancelled because the dispatcher is stopping is handed back: a fenced settle that
+makes it due at once, so another process retakes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from app.dispatch.attempt import Attempt
+from app.dispatch.clock import Alarm, DatabaseClock
+from app.dispatch.maintenance import ExhaustionDelivery
+from app.dispatch.settler import Settler
+from app.logs import AttemptLog
+from app.metrics import AttemptOutcome, LostReason
+from app.policy import Outcome, retry_delay_ms
+from app.store import (
+    Abandoned,
+    Completed,
+    DurableUpdateStore,
+    Failed,
+    Settlement,
+    StoreError,
+    StoreUnavailable,
+)
+
+log = logging.getLogger(__name__)
+Result = TypeVar("Result")
+
+EXPIRED = "expired"
+HANDED_BACK = "handed back: the worker was shutting down"
+LOST_BECAUSE: dict[LostReason, str] = {
+    "renewal_refused": "renewal refused",
+    "lease_ran_out": "its lease ran out unrenewed",
+    "settle_refused": "settle refused",
+    "exhaust_refused": "exhaust refused",
+}
+
+
+class AttemptRunner:
+    """Runs the attempts of one dispatcher. A retry it settles rings `retries` when due;
+    `arrivals` counts the wake-ups for new rows so far (see `_settle`); an exhaustion wakes
+    `exhaustions`; `jitter` is the random source of retry backoff."""
+
+    def __init__(
+        self,
+        store: DurableUpdateStore,
+        clock: DatabaseClock,
+        settler: Settler,
+        *,
+        retries: Alarm,
+        arrivals: Callable[[], int],
+        exhaustions: ExhaustionDelivery | None,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._settler = settler
+        self._retries = retries
+        self._arrivals = arrivals
+        self._exhaustions = exhaustions
+        self._jitter = jitter
+        self.owner_lost = 0  # attempts that found their claim taken or lapsed
+
+    async def run(self, attempt: Attempt) -> None:
+        lane = attempt.lane
+        try:
+            expires_at = attempt.expires_at
+            if expires_at is not None and self._clock.now() > expires_at:
+                attempt.forwarding = False
+                await self._end(attempt, "expired", EXPIRED)
+                return
+            started = time.perf_counter()
+            try:
+                outcome = await lane.downstream.forward(
+                    attempt.identity, attempt.claimed.body, attempt.lease_until
+                )
+            except asyncio.CancelledError:
+                if attempt.handed_back:
+                    attempt.forwarding = False
+                    attempt.outcome = "handed_back"
+                    now = self._clock.now()
+                    await self._settle(attempt, Failed(now, now, HANDED_BACK))
+                    return
+                if attempt.lost:
+                    return  # owner lost: nothing to settle, and no answer to wait for
+                raise
+            took = time.perf_counter() - started
+            lane.meters.forward_duration.observe(took)
+            if log.isEnabledFor(logging.DEBUG):
+                AttemptLog.of(log, attempt.identity).debug(
+                    "forwarded: %s in %.1f ms", outcome.kind, took * 1000
+                )
+            attempt.forwarding = False
+            if attempt.lost:
+                AttemptLog.of(log, attempt.identity).info(
+                    "late answer ignored (the claim was lost)"
+                )
+                return
+            was_closed = lane.breaker.state == "closed"
+            lane.breaker.record(failed=outcome.downstream_failed)
+            attempt.judged = True
+            if not was_closed:
+                attempt.unblocks = True  # a probe's answer: the breaker may let claims pass
+            if lane.plain and outcome.kind == "deferred":
+                # A plain bot gets no identity to settle with: its 202 is all it can say.
+                outcome = Outcome("completed")
+            await self._conclude(attempt, outcome)
+        except StoreError as error:
+            attempt.outcome = "unsettled"
+            AttemptLog.of(log, attempt.identity).warning(
+                "could not settle (%s); redelivered once its lease lapses",
+                error,
+            )
+
+    def lost(self, attempt: Attempt, reason: LostReason) -> None:
+        """The advisory owner-lost signal: cancel the request, settle nothing."""
+        if attempt.lost:
+            return
+        attempt.lost = True
+        self.owner_lost += 1
+        attempt.lane.meters.owner_lost[reason].inc()
+        AttemptLog.of(log, attempt.identity).warning("owner lost (%s)", LOST_BECAUSE[reason])
+        if attempt.forwarding and attempt.task is not None:
+            attempt.task.cancel()
+
+    async def _conclude(self, attempt: Attempt, outcome: Outcome) -> None:
+        now = self._clock.now()
+        bot = attempt.lane.bot
+        if outcome.kind == "completed":
+            attempt.outcome = "completed"
+            await self._settle(attempt, Completed(now))
+        elif outcome.kind == "deferred":
+            attempt.outcome = "deferred"
+            AttemptLog.of(log, attempt.identity).debug("deferred, the downstream settles it")
+        elif outcome.kind == "terminal":
+            await self._end(attempt, "terminal", outcome.error or "terminal")
+        elif attempt.identity.attempt >= bot.max_attempts:
+            await self._end(attempt, "spent", f"attempts spent; last: {outcome.error}")
+        else:
+            retry_at = now + retry_delay_ms(
+                bot, attempt.identity.attempt, outcome, jitter=self._jitter
+            )
+            expires_at = attempt.expires_at
+            if expires_at is not None and retry_at > expires_at:
+                await self._end(attempt, "expired", EXPIRED)
+                return
+            error = outcome.error or "retry"
+            attempt.outcome = "retry"
+            if await self._settle(attempt, Failed(now, retry_at, error)):
+                self._retries.at(retry_at)
+
+    async def _end(self, attempt: Attempt, outcome: AttemptOutcome, error: str) -> None:
+        """A terminal outcome: an exhaustion on a durable bot, abandoned otherwise."""
+        attempt.outcome = outcome
+        now = self._clock.now()
+        if not attempt.lane.durable:
+            await self._settle(attempt, Abandoned(now, error))
+            return
+        exhausted = await self._retrying(
+            attempt, lambda: self._store.exhaust(attempt.identity, now, error)
+        )
+        if exhausted:
+            AttemptLog.of(log, attempt.identity).warning("exhausted (%s)", error)
+            attempt.unblocks = attempt.claimed.queue_key is not None
+            if self._exhaustions is not None:
+                self._exhaustions.wake()
+        else:
+            self.lost(attempt, "exhaust_refused")
+
+    async def _settle(self, attempt: Attempt, settlement: Settlement) -> bool:
+        """A fenced settle; False (and the owner-lost signal) when it was refused."""
+        identity = attempt.identity
+        if attempt.lane.plain:
+
+            async def settle_plain() -> bool:
+                bot, update_id, number = identity.bot, identity.update_id, identity.attempt
+                await self._store.settle(bot, update_id, number, settlement)
+                return True  # the base settle cannot say whether it took effect
+
+            return await self._retrying(attempt, settle_plain)
+        arrivals = self._arrivals()
+        settled = await self._retrying(
+            attempt, lambda: self._settler.submit((identity, settlement))
+        )
+        if not isinstance(settlement, Failed):  # a retry keeps its chat blocked
+            # The settle reports a later update of the chat it could see; one committed while
+            # it ran may have been claimed for and found blocked: look again for it too.
+            racing = attempt.claimed.queue_key is not None and self._arrivals() != arrivals
+            attempt.unblocks = attempt.unblocks or settled.unblocks or racing
+        if settled.took_effect:
+            if log.isEnabledFor(logging.DEBUG):
+                AttemptLog.of(log, attempt.identity).debug(
+                    "settled: %s", type(settlement).__name__.lower()
+                )
+            return True
+        self.lost(attempt, "settle_refused")
+        return False
+
+    async def _retrying(self, attempt: Attempt, call: Callable[[], Awaitable[Result]]) -> Result:
+        """`call`, retried while the database is unavailable and the lease still holds."""
+        pause = 0.05
+        while True:
+            try:
+                return await call()
+            except StoreUnavailable:
+                if self._clock.now() + pause * 1000 > attempt.lease_until:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
