@@ -20,18 +20,20 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
-# Dependencies first, read from pyproject.toml alone, so that this layer is rebuilt only when
-# they change. Each ships wheels for linux amd64 and arm64: no compiler is needed here either.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print(*deps, sep='\n')" > requirements.txt \
- && pip install -r requirements.txt
+# Dependencies first, from requirements.lock alone (pyproject.toml's dependencies, resolved for
+# this Python on Linux, each pinned with its files' hashes; the README says how to remake it),
+# so that this layer is rebuilt only when the lock changes and every build installs the same
+# files. Each ships wheels for linux amd64 and arm64: no compiler is needed here either.
+COPY requirements.lock ./
+RUN pip install --require-hashes --only-binary=:all: -r requirements.lock
 
 # The project itself as a wheel, installed with --target into /app, where alembic.ini and
 # alembic/ are copied below, so that `alembic upgrade head` works from /app as from a
 # checkout. (`telegram-intake migrate` needs neither: the wheel carries the migrations as
-# app.migrations.)
-COPY README.md ./
+# app.migrations, built from alembic/.)
+COPY pyproject.toml README.md ./
 COPY app ./app
+COPY alembic ./alembic
 RUN pip wheel --no-deps --wheel-dir /dist . \
  && pip install --no-deps --target /app /dist/telegram_intake-*.whl
 

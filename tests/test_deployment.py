@@ -1,7 +1,8 @@
 """The container files, checked without a Docker engine (there is none on these machines).
 
 The compose file's structure, and that every command it gives the image is a command of the
-CLI; the Dockerfile's final stage; and the compose file's sequence (migrate, then serve,
+CLI; the Dockerfile's final stage; its build stage's commands (requirements.lock installed
+with its hashes, then the wheel) and the compose file's sequence (migrate, then serve,
 worker and the downstream) run as plain processes on one machine, with the commands and the
 INTAKE_* settings read from the compose file and the Dockerfile.
 """
@@ -18,10 +19,11 @@ import posixpath
 import re
 import secrets
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,11 @@ def dockerfile_stages() -> list[list[Instruction]]:
     return stages
 
 
+def dockerfile_arguments() -> dict[str, str]:
+    """The Dockerfile's ARGs and their defaults."""
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M))
+
+
 def final_stage() -> list[Instruction]:
     return dockerfile_stages()[-1]
 
@@ -98,28 +105,51 @@ def only(stage: list[Instruction], keyword: str) -> Instruction:
     return found
 
 
+def declared(instruction: Instruction) -> dict[str, str]:
+    """An ENV instruction's variables, as written."""
+    return dict(word.split("=", 1) for word in shlex.split(instruction.arguments))
+
+
 def image_environment(prefix: str = "INTAKE_") -> dict[str, str]:
     """The image's environment (its final stage's ENV), these variables."""
     values: dict[str, str] = {}
     for instruction in final_stage():
         if instruction.keyword == "ENV":
-            values |= dict(word.split("=", 1) for word in shlex.split(instruction.arguments))
+            values |= declared(instruction)
     return {name: value for name, value in values.items() if name.startswith(prefix)}
+
+
+def in_workdir(stage: list[Instruction]) -> Iterator[tuple[Instruction, str]]:
+    """Each instruction of the stage with the WORKDIR it runs in."""
+    workdir = "/"
+    for instruction in stage:
+        if instruction.keyword == "WORKDIR":
+            workdir = posixpath.join(workdir, instruction.arguments)
+        yield instruction, workdir
+
+
+def copy_targets(instruction: Instruction, workdir: str) -> dict[str, str]:
+    """Source -> absolute destination of a COPY from the context."""
+    *sources, destination = shlex.split(instruction.arguments)
+    copies = {}
+    for source in sources:
+        target = posixpath.normpath(posixpath.join(workdir, destination))
+        if destination.endswith(("/", ".")) and (ROOT / source).is_file():
+            target = posixpath.join(target, posixpath.basename(source))
+        copies[source] = target
+    return copies
+
+
+def from_context(instruction: Instruction) -> bool:
+    return instruction.keyword == "COPY" and not instruction.arguments.startswith("--")
 
 
 def copied(stage: list[Instruction]) -> dict[str, str]:
     """Source -> absolute destination of the stage's COPY instructions from the context."""
-    workdir, copies = "/", {}
-    for instruction in stage:
-        if instruction.keyword == "WORKDIR":
-            workdir = posixpath.join(workdir, instruction.arguments)
-        elif instruction.keyword == "COPY" and not instruction.arguments.startswith("--"):
-            *sources, destination = shlex.split(instruction.arguments)
-            for source in sources:
-                target = posixpath.normpath(posixpath.join(workdir, destination))
-                if destination.endswith(("/", ".")) and (ROOT / source).is_file():
-                    target = posixpath.join(target, posixpath.basename(source))
-                copies[source] = target
+    copies: dict[str, str] = {}
+    for instruction, workdir in in_workdir(stage):
+        if from_context(instruction):
+            copies |= copy_targets(instruction, workdir)
     return copies
 
 
@@ -217,7 +247,7 @@ def test_services_that_serve_no_healthz_replace_the_image_healthcheck() -> None:
 def test_the_final_stage_is_slim_python_without_build_tools() -> None:
     stages = dockerfile_stages()
     assert len(stages) >= 2, "a build stage and a final stage"
-    arguments = dict(re.findall(r"^ARG (\w+)=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M))
+    arguments = dockerfile_arguments()
     base = re.sub(r"\$\{(\w+)\}", lambda m: arguments[m[1]], only(stages[-1], "FROM").arguments)
     assert re.match(r"python:3\.(1[1-9])[.\d]*-slim", base), base
     words = {word for i in stages[-1] if i.keyword == "RUN" for word in i.arguments.split()}
@@ -270,10 +300,164 @@ def test_dockerignore_keeps_local_state_out_and_what_the_build_copies_in() -> No
         for source in copied(stage)
         if not source.startswith("/")
     ]
-    assert {"pyproject.toml", "README.md", "app", "alembic", "examples"} <= set(sources)
+    needed = {"requirements.lock", "pyproject.toml", "README.md", "app", "alembic", "examples"}
+    assert needed <= set(sources)
     for source in sources:
         ignored = [p for p in patterns if fnmatch.fnmatch(source, p.rstrip("/"))]
         assert not ignored, f"{source} is needed by the build but ignored by {ignored}"
+
+
+def test_the_dependency_layer_installs_the_lock_alone_with_hashes() -> None:
+    """The dependencies come from requirements.lock, copied alone before them: the layer is
+    rebuilt only when the lock changes, and pip refuses a file whose hash the lock lacks. The
+    project's wheel, after them, resolves nothing again."""
+    build = dockerfile_stages()[0]
+    installs = [
+        (index, command.strip())
+        for index, instruction in enumerate(build)
+        if instruction.keyword == "RUN"
+        for command in instruction.arguments.split("&&")
+        if command.strip().startswith("pip install")
+    ]
+    (first, dependencies), *project = installs
+    before = [source for i in build[:first] if from_context(i) for source in copy_targets(i, "/")]
+    assert before == ["requirements.lock"]
+    words = shlex.split(dependencies)
+    assert "--require-hashes" in words, dependencies
+    workdir = list(in_workdir(build))[first][1]
+    lock = posixpath.join(workdir, words[words.index("-r") + 1])
+    assert lock == copied(build)["requirements.lock"]
+    assert project, "the build stage installs the project's wheel"
+    for _, command in project:
+        assert "--no-deps" in shlex.split(command), command
+
+
+# --- the build stage, as plain processes ------------------------------------------------------
+
+
+CONTAINER_PATH = re.compile(r"(?<![^\s=:])/(?=\w)")  # an absolute path in a command or value
+
+
+def local_python(version: str) -> str:
+    """This machine's interpreter of the Dockerfile's Python (pyenv's too): the base image's.
+    A machine without it uses the interpreter running the tests: the lock holds the hashes of
+    every file of each pinned release, so it installs on any Python the project supports."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return sys.executable
+    try:
+        found = subprocess.run(
+            [f"python{version}", "-c", "import sys; print(sys.executable)"],
+            env=os.environ | {"PYENV_VERSION": version},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except FileNotFoundError:
+        found = None
+    if found is None or found.returncode != 0:
+        return sys.executable
+    return found.stdout.strip()
+
+
+class Container:
+    """A stage's instructions run as plain processes on this machine: the container's / is
+    `root`, and its base image's `python` is the Dockerfile's Python found here."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        base = root / "usr/local/bin"
+        base.mkdir(parents=True)
+        python = local_python(dockerfile_arguments()["PYTHON_VERSION"])
+        (base / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(python)} "$@"\n')
+        (base / "python").chmod(0o755)
+        self.base = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith(("INTAKE_", "PYTHON", "VIRTUAL_ENV"))
+        } | {"PATH": f"{base}:{os.environ['PATH']}"}
+
+    def local(self, value: str) -> str:
+        return CONTAINER_PATH.sub(f"{self.root}/", value)
+
+    def environment(self, stage: list[Instruction]) -> dict[str, str]:
+        """The stage's environment: the base image's, then its ENV instructions."""
+        env = dict(self.base)
+        for instruction in stage:
+            if instruction.keyword == "ENV":
+                for name, value in declared(instruction).items():
+                    value = self.local(value)
+                    env[name] = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m[1], ""), value)
+        return env
+
+    def build(self, stage: list[Instruction]) -> None:
+        """Run the stage: its COPY from the checkout, its RUN through /bin/sh, each in its
+        WORKDIR and with the ENV declared before it."""
+        for index, (instruction, workdir) in enumerate(in_workdir(stage)):
+            here = self.root / workdir.lstrip("/")
+            if instruction.keyword in ("FROM", "ARG", "ENV"):
+                continue
+            if instruction.keyword == "WORKDIR":
+                here.mkdir(parents=True, exist_ok=True)
+            elif from_context(instruction):
+                for source, target in copy_targets(instruction, workdir).items():
+                    self.copy(ROOT / source, self.root / target.lstrip("/"))
+            elif instruction.keyword == "RUN":
+                env = self.environment(stage[:index])
+                for command in instruction.arguments.split("&&"):
+                    self.confined(shlex.split(command)[0], env)
+                done = subprocess.run(
+                    ["/bin/sh", "-c", self.local(instruction.arguments)],
+                    cwd=here, env=env, capture_output=True, text=True, timeout=600,
+                )  # fmt: skip
+                assert done.returncode == 0, f"RUN {instruction.arguments}\n{done.stderr}"
+            else:
+                pytest.fail(f"{instruction.keyword} {instruction.arguments}: not run here yet")
+
+    def confined(self, program: str, env: Mapping[str, str]) -> None:
+        """A python or pip of the stage must be the container's: this machine's would install
+        into this machine's Python."""
+        if program.startswith(("python", "pip")):
+            found = shutil.which(program, path=env["PATH"])
+            assert found, f"{program}: not on the stage's PATH"
+            assert found.startswith(f"{self.root}/"), f"{program} would be this machine's {found}"
+
+    @staticmethod
+    def copy(source: Path, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, target)
+
+
+@pytest.mark.slow
+def test_the_build_stage_installs_the_lock_and_the_image_runs_on_it(tmp_path: Path) -> None:
+    """The build stage's commands, run here with the Dockerfile's Python: the lock installs
+    with its hashes, and in the final stage's environment (the build's virtualenv and /app)
+    pip finds every requirement of the wheel met, extras included, and the CLI migrates."""
+    container = Container(tmp_path / "root")
+    build, final = dockerfile_stages()[0], final_stage()
+    container.build(build)
+
+    env = container.environment(final) | {"INTAKE_DATABASE_URL": f"sqlite:///{tmp_path}/i.db"}
+    workdir = container.root / list(in_workdir(final))[-1][1].lstrip("/")
+    python = shutil.which("python", path=env["PATH"])
+    assert python is not None
+    assert python.startswith(str(container.root / "opt/venv")), python
+
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, cwd=workdir, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    checked = run(python, "-m", "pip", "check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    version = run(python, "-c", "import sys; print(*sys.version_info[:2], sep='.')")
+    assert version.stdout.strip() == dockerfile_arguments()["PYTHON_VERSION"]
+    entrypoint = shutil.which(only(final, "ENTRYPOINT").exec_form()[0], path=env["PATH"])
+    assert entrypoint is not None, "the ENTRYPOINT is on the image's PATH"
+    assert entrypoint.startswith(str(container.root / "app/bin")), entrypoint
+    migrated = run(entrypoint, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "database at revision" in migrated.stdout
 
 
 # --- the sequence, as plain processes ---------------------------------------------------------
