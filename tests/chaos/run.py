@@ -43,7 +43,7 @@ import psycopg
 
 from app.dispatch.runner import EXPIRED
 from app.store.migrate import upgrade
-from app.store.queries import SPENT_ERROR
+from app.store.predicates import SPENT_ERROR
 from tests.chaos.cluster import Database, chaos_database, wait_until_up
 from tests.chaos.downstream import EFFECTS, fate
 from tests.downstream import message

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.store.queries import SPENT_ERROR
+from app.store.predicates import SPENT_ERROR
 from tests.chaos.run import Plan, Report, _judge_history, run
 from tests.conftest import POSTGRES_URL, _libpq
 
