@@ -1,0 +1,55 @@
+"""The one conformance check for update stores, shipped so a custom store can be checked too.
+
+    violations = await check_update_store(make_store)
+
+`make_store` is an async callable returning a fresh, empty store; each rule runs on its own
+store, which the check closes. Base rules run on every store, fenced rules on fenced and
+durable stores, durable rules on durable stores. Each violation reads "<rule>: <what>".
+Times are epoch milliseconds; unless a rule says otherwise max_attempts is 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from app.store.conformance import claims, exhaustions, records, settles  # noqa: F401 (they register)
+from app.store.conformance._core import _LEVELS, _REGISTERED, BOT, MAX, OTHER_BOT, Rule, _Findings
+from app.store.contract import UpdateStore
+
+__all__ = ["BOT", "MAX", "OTHER_BOT", "MakeStore", "Rule", "check_update_store"]
+
+MakeStore = Callable[[], Awaitable[UpdateStore]]
+
+# One module per method family registers its rules, each with its name and level: `records`
+# (add, add_many, due, prune), `claims` (claim, renew, claim_owned, claim_next_owned), `settles`
+# (settle, settle_owned, settle_many_owned, owns) and `exhaustions` (the durable level). They
+# run level by level, each level's families in the order imported above.
+_RULES = sorted(
+    ((name, level, rule) for rule, (name, level) in _REGISTERED.items()),
+    key=lambda entry: _LEVELS[entry[1]],
+)
+
+
+async def check_update_store(make_store: MakeStore) -> list[str]:
+    """Run every rule the store's capability calls for; the violations, empty when it conforms."""
+    probe = await make_store()
+    try:
+        capability = probe.capability
+    finally:
+        await probe.close()
+    if capability not in _LEVELS:
+        return [f"capability: {capability!r} is not base, fenced or durable"]
+    violations: list[str] = []
+    for name, level, rule in _RULES:
+        if _LEVELS[level] > _LEVELS[capability]:
+            continue
+        findings = _Findings(name)
+        store = await make_store()
+        try:
+            await rule(store, findings)
+        except Exception as error:  # a rule that crashes names the store's fault, not ours
+            findings.found.append(f"{name}: raised {type(error).__name__}: {error}")
+        finally:
+            await store.close()
+        violations += findings.found
+    return violations

@@ -1,0 +1,180 @@
+"""Rules for what only the holder of a claim may write: settle, settle_owned, settle_many_owned,
+and the fence they share (owns, renew_owned, owns inside a transaction)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from app.store.conformance._core import (
+    BOT,
+    MAX,
+    _body,
+    _claimed,
+    _Findings,
+    _other,
+    _record,
+    _rule,
+    _two_claims,
+)
+from app.store.contract import FencedUpdateStore, UpdateStore
+from app.store.types import Abandoned, ClaimIdentity, Completed, Failed
+
+# -- base ------------------------------------------------------------------------------------
+
+
+@_rule("only the attempt holding the update renews or settles it", "base")
+async def _holder_only(store: UpdateStore, f: _Findings) -> None:
+    await _record(store, 1)
+    stale = await store.claim(BOT, 1, now=10, lease_until=100, max_attempts=3)
+    fresh = await store.claim(BOT, 1, now=101, lease_until=200, max_attempts=3)
+    f.equal((stale, fresh), (1, 2), "two claims around a lapse")
+    f.equal(await store.renew(BOT, 1, 1, 300), False, "renew by the stale attempt")
+    await store.settle(BOT, 1, 1, Completed(150))
+    f.equal(
+        await store.claim(BOT, 1, now=150, lease_until=300, max_attempts=3),
+        None,
+        "claim after the stale settle (the row must still be leased by attempt 2)",
+    )
+    f.equal(await store.renew(BOT, 1, 2, 250), True, "renew by the holder")
+    await store.settle(BOT, 1, 2, Completed(251))
+    f.equal(
+        await store.claim(BOT, 1, now=252, lease_until=400, max_attempts=3),
+        3,
+        "claim after a settle past the lease (it must have been ignored)",
+    )
+    await store.settle(BOT, 1, 3, Completed(400))
+    f.equal(await store.due(now=500, pending_before=500, limit=10), [], "due after completion")
+    f.equal(await store.prune(401), 1, "prune of the completed row")
+
+
+@_rule("a failed update is due at its retry time and not before", "base")
+async def _retry_time(store: UpdateStore, f: _Findings) -> None:
+    await _record(store, 1)
+    attempt = await store.claim(BOT, 1, now=10, lease_until=100, max_attempts=MAX)
+    f.equal(attempt, 1, "first claim")
+    await store.settle(BOT, 1, 1, Failed(20, 50, "HTTP 500"))
+    f.equal(await store.due(now=49, pending_before=49, limit=10), [], "due before the retry")
+    f.equal(await store.claim(BOT, 1, now=49, lease_until=100, max_attempts=MAX), None, "at 49")
+    due = await store.due(now=50, pending_before=50, limit=10)
+    f.equal([d.update_id for d in due], [1], "due at the retry time")
+    f.equal(await store.claim(BOT, 1, now=50, lease_until=100, max_attempts=MAX), 2, "at 50")
+    await store.settle(BOT, 1, 2, Failed(60, 70, "HTTP 500"))
+    f.equal(
+        await store.claim(BOT, 1, now=70, lease_until=100, max_attempts=MAX),
+        None,
+        "claim with spent attempts",
+    )
+    f.equal(await store.due(now=1000, pending_before=1000, limit=10), [], "due after abandon")
+    f.equal(await store.prune(71), 1, "prune of the abandoned row (settled when abandoned)")
+
+
+# -- fenced ----------------------------------------------------------------------------------
+
+
+@_rule("an attempt fence expires and never adopts a later claim", "fenced")
+async def _fence(store: FencedUpdateStore, f: _Findings) -> None:
+    await _record(store, 1)
+    if (first := await _claimed(store, f)) is None:
+        return
+    f.equal(await store.owns(first, 100), True, "owns at exactly due_at")
+    f.equal(await store.owns(first, 101), False, "owns 1 ms after due_at")
+    for name, wrong in (
+        ("claim_id", _other(first, claim_id=first.claim_id + "-wrong")),
+        ("attempt", _other(first, attempt=first.attempt + 1)),
+    ):
+        f.equal(await store.owns(wrong, 50), False, f"owns with a wrong {name}")
+        f.equal(await store.renew_owned(wrong, 200), False, f"renew_owned with a wrong {name}")
+        f.equal(
+            await store.settle_owned(wrong, Completed(50)), False, f"settle with a wrong {name}"
+        )
+    f.equal(await store.owns(first, 50), True, "owns after the wrong claim_id's attempts")
+    f.equal(await store.settle_owned(first, Completed(50)), True, "settle by the holder")
+    f.equal(await store.prune(51), 1, "prune after settle")
+    f.equal(await store.add(BOT, 1, _body(1), 60), True, "re-add after prune")
+    recycled = await store.claim_owned(BOT, 1, now=60, lease_until=160, max_attempts=MAX)
+    if recycled is None:
+        f.expect(False, "claim_owned of the re-recorded row gave None")
+        return
+    f.equal(recycled.attempt, first.attempt, "the recycled claim's attempt number")
+    f.expect(recycled.claim_id != first.claim_id, "the recycled claim reuses the old claim_id")
+    f.equal(await store.owns(first, 70), False, "owns by the first identity after recycling")
+    f.equal(await store.renew_owned(first, 300), False, "renew by the first identity")
+    f.equal(await store.settle_owned(first, Completed(70)), False, "settle by the first identity")
+    f.equal(await store.owns(recycled, 160), True, "owns by the recycled identity")
+
+
+@_rule("only the attempt holding the update renews or settles it (fenced)", "fenced")
+async def _holder_only_fenced(store: FencedUpdateStore, f: _Findings) -> None:
+    if (claims := await _two_claims(store, f)) is None:
+        return
+    stale, fresh = claims
+    f.equal(await store.renew_owned(stale, 300), False, "renew_owned by the stale attempt")
+    f.equal(await store.settle_owned(stale, Completed(150)), False, "settle by the stale attempt")
+    f.equal(await store.owns(fresh, 150), True, "owns by the holder after the stale settle")
+    f.equal(await store.renew_owned(fresh, 250, now=200), True, "renew_owned at exactly the lease")
+    f.equal(await store.renew_owned(fresh, 240), True, "renew_owned to an earlier time")
+    f.equal(await store.owns(fresh, 250), True, "owns at 250 after a shorter renew")
+    f.equal(await store.renew_owned(fresh, 400, now=251), False, "renew_owned of a lapsed lease")
+    f.equal(await store.settle_owned(fresh, Completed(251)), False, "settle after the lapse")
+    third = await store.claim_owned(BOT, 1, now=251, lease_until=400, max_attempts=3)
+    f.equal(None if third is None else third.attempt, 3, "claim after the refused settle")
+
+
+@_rule("a batch settle applies each settlement only for its exact live identity", "fenced")
+async def _settle_many(store: FencedUpdateStore, f: _Findings) -> None:
+    settle_many = store.settle_many_owned
+    await _record(store, 1, 2, 3, 4, 5)
+    held = await store.claim_next_owned(now=10, lease_until=100, max_attempts=MAX, limit=10)
+    ids = {c.identity.update_id: c.identity for c in held}
+    if sorted(ids) != [1, 2, 3, 4, 5]:
+        f.expect(False, f"claim_next_owned of five pending rows took {sorted(ids)}")
+        return
+    results = await settle_many(
+        [
+            (ids[1], Completed(100)),
+            (_other(ids[2], claim_id="x"), Completed(50)),
+            (ids[3], Completed(101)),
+            (ids[4], Failed(50, 70, "HTTP 503")),
+            (_other(ids[5], attempt=2), Abandoned(50, "stale")),
+        ]
+    )
+    f.equal(results, [True, False, False, True, False], "results in input order")
+    f.equal(await store.owns(ids[2], 60), True, "owns after a wrong claim_id's settle")
+    f.equal(await store.owns(ids[5], 60), True, "owns after a wrong attempt's settle")
+    due = await store.due(now=70, pending_before=70, limit=10)
+    f.equal([d.update_id for d in due], [4], "due at the retry of the failed row")
+    f.equal(await store.prune(101), 1, "prune of the one completed row")
+    f.equal(await settle_many([]), [], "an empty batch")
+
+
+@_rule("owns inside an open transaction blocks a concurrent reclaim", "fenced")
+async def _owns_blocks_reclaim(store: FencedUpdateStore, f: _Findings) -> None:
+    transaction = store.transaction
+    await _record(store, 1)
+    if (first := await _claimed(store, f)) is None:
+        return
+    held = asyncio.Event()
+    hold_seconds = 0.2
+
+    async def domain_write() -> float:
+        async with transaction() as connection:
+            f.equal(await store.owns(first, 100, connection=connection), True, "owns in the txn")
+            held.set()
+            await asyncio.sleep(hold_seconds)
+        return time.monotonic()  # just after the commit
+
+    async def reclaim() -> tuple[ClaimIdentity | None, float]:
+        await held.wait()
+        taken = await store.claim_owned(BOT, 1, now=101, lease_until=200, max_attempts=MAX)
+        return taken, time.monotonic()
+
+    committed, (second, finished) = await asyncio.gather(domain_write(), reclaim())
+    # A reclaim that waited ends with the commit (either may be timed first); one that did not
+    # wait ends a few milliseconds into the hold, long before.
+    f.expect(
+        finished >= committed - hold_seconds / 2,
+        "the reclaim finished while the transaction still held the row",
+    )
+    f.equal(None if second is None else second.attempt, 2, "the reclaim after the commit")
+    f.equal(await store.owns(first, 101), False, "owns by the first identity after the reclaim")
