@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from app.store import ClaimIdentity, open_store
 from tests.conftest import Storage, table_rows
 from tests.downstream import message, now_ms
 from tests.processes import free_port, processes
+
+pytestmark = pytest.mark.slow  # each test runs the command line as real processes
 
 
 def cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -19,6 +19,8 @@ from app.store.migrate import current_revision
 from tests.conftest import Storage, table_rows
 from tests.processes import free_port
 
+pytestmark = pytest.mark.slow  # each test runs the command line as real processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

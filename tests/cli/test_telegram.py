@@ -20,6 +20,8 @@ from starlette.routing import Route
 from app.cli.telegram import describe_webhook
 from tests.conftest import serve_asgi
 
+pytestmark = pytest.mark.slow  # each test runs the command line as real processes
+
 TOKEN = "123456:AAH-secret-bot-token"
 SECRET = "webhook-secret_token"
 

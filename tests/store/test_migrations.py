@@ -252,6 +252,7 @@ def _finish(process: subprocess.Popen[str]) -> str:
     return stdout
 
 
+@pytest.mark.slow  # the alembic command line, a real process
 def test_alembic_command_line_uses_intake_database_url(storage: Storage) -> None:
     url = storage.url(None)
     env = {"INTAKE_DATABASE_URL": url}
