@@ -10,6 +10,7 @@ and the dispatcher's batched settle are both this shape.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -26,10 +27,17 @@ class Batcher(Generic[Item, Result]):
     def __init__(self, *, max_batch: int = 500, max_wait: float = 0.0) -> None:
         self._max_batch = max_batch
         self._max_wait = max_wait
-        self._waiting: list[tuple[Item, asyncio.Future[Result]]] = []
+        # In arrival order, by future: a caller that gives up takes its item out at once, so
+        # nothing it handed in stays held while it waits for a flush.
+        self._waiting: dict[asyncio.Future[Result], Item] = {}
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The flusher, once started."""
+        return self._flusher
 
     async def start(self) -> None:
         # One flusher: while its statement is in flight the next batch gathers, so batches
@@ -49,11 +57,12 @@ class Batcher(Generic[Item, Result]):
         if self._closing:
             raise Closed("shutting down")
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._waiting.append((item, future))
+        self._waiting[future] = item
         self._wake.set()
         try:
             return await future
         finally:
+            self._waiting.pop(future, None)  # still waiting: the caller gave up (cancelled)
             # A failure's traceback holds this frame; without the future in it there is no
             # cycle, and the item is freed as soon as the caller is done with it.
             del future
@@ -63,8 +72,8 @@ class Batcher(Generic[Item, Result]):
             await self._wake.wait()
             if self._max_wait and len(self._waiting) < self._max_batch and not self._closing:
                 await asyncio.sleep(self._max_wait)
-            batch = self._waiting[: self._max_batch]
-            del self._waiting[: self._max_batch]
+            taken = list(itertools.islice(self._waiting, self._max_batch))
+            batch = [(self._waiting.pop(future), future) for future in taken]
             if not self._waiting:
                 self._wake.clear()
             if batch:

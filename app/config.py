@@ -203,6 +203,9 @@ class Settings(BaseSettings, BotOptions):
     )
 
     database_url: str = Field(DEFAULT_DATABASE_URL, repr=False)  # may hold a password
+    # PostgreSQL: no statement of the service waits longer than these (0: no limit).
+    statement_timeout_ms: int = Field(30_000, ge=0, le=3_600_000)
+    lock_timeout_ms: int = Field(5_000, ge=0, le=3_600_000)
     table: str = DEFAULT_TABLE
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -233,7 +236,9 @@ class Settings(BaseSettings, BotOptions):
     trusted_proxies: Networks = ()  # X-Forwarded-For is read only from these peers
     commit_batch_max: int = Field(500, ge=1, le=10_000)
     commit_wait_ms: float = Field(0, ge=0, le=1_000)
-    commit_timeout_ms: float = Field(5_000, gt=0, le=120_000)
+    commit_timeout_ms: float = Field(5_000, gt=0, le=120_000)  # per request, from its arrival
+    # Bodies the group commit may hold (waiting, or in the insert in flight); past it, 503.
+    commit_pending_max_bytes: int = Field(16 << 20, ge=1024, le=4 << 30)
     retry_after_seconds: int = Field(5, ge=1, le=3600)
 
     # Workers (`run` and `worker`), per process.
@@ -242,6 +247,8 @@ class Settings(BaseSettings, BotOptions):
     claim_batch: int = Field(64, ge=1, le=1_000)
     poll_interval_seconds: float = Field(1.0, gt=0, le=3600)
     shutdown_grace_seconds: float = Field(10, ge=0, le=3600)
+    # A claim loop or lease keeper without a turn for this long fails /healthz (a restart helps).
+    worker_stall_seconds: float = Field(120, gt=0, le=86_400)
     retention_seconds: float = Field(86_400, gt=0)  # completed and acknowledged rows kept
     prune_interval_seconds: float = Field(60, gt=0, le=86_400)
     exhaustion_retry_seconds: float = Field(30, gt=0, le=86_400)
@@ -294,6 +301,15 @@ class Settings(BaseSettings, BotOptions):
                 expanded += TELEGRAM_SOURCES if item == "telegram" else [item]
             return tuple(ipaddress.ip_network(item, strict=False) for item in expanded)
         return value
+
+    @model_validator(mode="after")
+    def _pending_fits_a_body(self) -> Settings:
+        if self.commit_pending_max_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"commit_pending_max_bytes ({self.commit_pending_max_bytes}) is below "
+                f"max_body_bytes ({self.max_body_bytes}): the largest update could never wait"
+            )
+        return self
 
     @model_validator(mode="after")
     def _default_bot(self) -> Settings:

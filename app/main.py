@@ -42,7 +42,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            store = await open_store(settings.database_url, table=settings.table)
+            store = await open_store(
+                settings.database_url,
+                table=settings.table,
+                statement_timeout_ms=settings.statement_timeout_ms,
+                lock_timeout_ms=settings.lock_timeout_ms,
+            )
             stack.push_async_callback(store.close)
             check_capability(settings, store)
             dispatcher: Dispatcher | None = None
@@ -62,6 +67,7 @@ def create_app(
                 max_batch=settings.commit_batch_max,
                 max_wait=settings.commit_wait_ms / 1000,
                 timeout=settings.commit_timeout_ms / 1000,
+                max_pending_bytes=settings.commit_pending_max_bytes,
                 # Workers in other processes hear of new rows from the commit itself.
                 on_added=None if dispatcher is None else dispatcher.wake,
             )

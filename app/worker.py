@@ -33,7 +33,12 @@ log = logging.getLogger(__name__)
 async def run_worker(settings: Settings) -> None:
     """Dispatch every configured bot's updates until SIGTERM or SIGINT, then stop gracefully:
     in-flight attempts get `shutdown_grace_seconds`, the rest are handed back."""
-    store = await open_store(settings.database_url, table=settings.table)
+    store = await open_store(
+        settings.database_url,
+        table=settings.table,
+        statement_timeout_ms=settings.statement_timeout_ms,
+        lock_timeout_ms=settings.lock_timeout_ms,
+    )
     metrics = Metrics.of(settings)
     try:
         stopping = asyncio.Event()
@@ -67,6 +72,7 @@ def health_app(
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics
+    app.state.dispatcher = dispatcher  # /healthz reports its loops
     install_guard(app, settings, metrics.request_refused)
 
     async def wake() -> None:

@@ -22,9 +22,14 @@ def check_capability(settings: Settings, store: DurableUpdateStore) -> None:
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    """The process is alive."""
-    return {"status": "ok"}
+async def healthz(request: Request) -> JSONResponse:
+    """The process is alive, and its workers (if it runs any) go round: 503 naming the loop
+    that died or stalled, so an orchestrator restarts the process."""
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    problems: list[str] = [] if dispatcher is None else dispatcher.problems()
+    if problems:
+        return JSONResponse({"status": "unhealthy", "problems": problems}, 503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/readyz")

@@ -49,7 +49,13 @@ def _age(ms: int | None) -> str:
 
 
 async def _with_store(settings: Settings) -> DurableUpdateStore:
-    return await open_store(settings.database_url, table=settings.table, pool_size=2)
+    return await open_store(
+        settings.database_url,
+        table=settings.table,
+        pool_size=2,
+        statement_timeout_ms=settings.statement_timeout_ms,
+        lock_timeout_ms=settings.lock_timeout_ms,
+    )
 
 
 def _run(settings: Settings, work: Any) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from app.dispatch.attempt import Attempt, Lane
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
@@ -45,6 +45,7 @@ class ClaimLoop:
         capacity: int,
         batch: int,
         poll_seconds: float,
+        beat: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -54,6 +55,7 @@ class ClaimLoop:
         self._capacity = capacity
         self._batch = batch
         self._poll = poll_seconds
+        self._beat = beat  # once a turn, for the worker's health
         # Saturated, claim again only once a quarter batch is free: not one row per statement.
         self._refill = max(1, min(batch, capacity) // 4)
         self.attempts: set[Attempt] = set()
@@ -70,6 +72,7 @@ class ClaimLoop:
         rotation = 0
         pause = 0.0
         while not self._stopping:
+            self._beat()
             self._wake.clear()
             if self._capacity - self.in_flight < self._refill:
                 await wait_or_timeout(self._wake, self._poll)

@@ -31,6 +31,7 @@ from app.dispatch.attempt import Lane
 from app.dispatch.claims import ClaimLoop
 from app.dispatch.clock import Alarm, DatabaseClock
 from app.dispatch.leases import LeaseKeeper
+from app.dispatch.liveness import Liveness
 from app.dispatch.maintenance import ExhaustionDelivery, prune_forever
 from app.dispatch.runner import AttemptRunner
 from app.dispatch.settler import Settler
@@ -72,8 +73,12 @@ class Dispatcher:
         self._arrivals = 0  # wake-ups for new rows so far (see AttemptRunner._settle)
         self._retries = Alarm(self._clock, self._wake.set)  # a wake-up as each retry falls due
         self.listening = asyncio.Event()  # set once NOTIFY wake-ups arrive (PostgreSQL)
-        self._background: list[asyncio.Task[None]] = []
+        self._background: dict[str, asyncio.Task[None]] = {}
         self._claim_loop: asyncio.Task[None] | None = None
+        self._liveness = Liveness(
+            stall_seconds=settings.worker_stall_seconds, monotonic_ns=monotonic_ns
+        )
+        self._stopping = False
         exhaustion_targets = {
             lane.name: lane.downstream
             for lane in self._lanes
@@ -108,6 +113,7 @@ class Dispatcher:
             capacity=settings.worker_concurrency,
             batch=settings.claim_batch,
             poll_seconds=settings.poll_interval_seconds,
+            beat=self._liveness.beater("claim loop"),
         )
 
     @property
@@ -140,28 +146,48 @@ class Dispatcher:
         await self._settler.start()
         settings = self._settings
         keeper = LeaseKeeper(
-            self._store, self._clock.now, self._claims.attempts, self._runner.lost, tick=self._tick
+            self._store,
+            self._clock.now,
+            self._claims.attempts,
+            self._runner.lost,
+            tick=self._tick,
+            beat=self._liveness.beater("lease keeper"),
         )
-        background = [
-            keeper.run(),
-            self._clock.run(),
-            self._store.listen(self.wake, listening=self.listening),
-            prune_forever(
+        background = {
+            "lease keeper": keeper.run(),
+            "clock": self._clock.run(),
+            "listener": self._store.listen(self.wake, listening=self.listening),
+            "prune": prune_forever(
                 self._store,
                 self._clock,
                 retention_ms=int(settings.retention_seconds * 1000),
                 interval=settings.prune_interval_seconds,
             ),
-        ]
+        }
         if self._exhaustions is not None:
-            background.append(self._exhaustions.run())
-        self._background = [asyncio.create_task(job) for job in background]
-        self._claim_loop = asyncio.create_task(self._claims.run())
-        for task in [*self._background, self._claim_loop]:
+            background["exhaustion delivery"] = self._exhaustions.run()
+        self._background = {
+            name: asyncio.create_task(job, name=name) for name, job in background.items()
+        }
+        self._claim_loop = asyncio.create_task(self._claims.run(), name="claim loop")
+        for task in [*self._background.values(), self._claim_loop]:
             task.add_done_callback(_report_exit)
+
+    def problems(self) -> list[str]:
+        """Why this process cannot deliver, for its /healthz: a loop that died or stalled
+        (`app.dispatch.liveness`); empty while all is well, and once stopping."""
+        if self._stopping or self._claim_loop is None:
+            return []
+        tasks: dict[str, asyncio.Task[None] | None] = {
+            "claim loop": self._claim_loop,
+            "settler": self._settler.task,
+            **self._background,
+        }
+        return self._liveness.problems(tasks)
 
     async def stop(self) -> None:
         """Stop claiming, give attempts the grace period, hand the rest back, stop."""
+        self._stopping = True
         self._claims.stop()
         if self._claim_loop is not None:
             await asyncio.gather(self._claim_loop, return_exceptions=True)
@@ -180,9 +206,9 @@ class Dispatcher:
             with contextlib.suppress(StoreError):
                 await self._store.announce()  # other processes take them over at once
         self._retries.cancel()
-        for job in self._background:
+        for job in self._background.values():
             job.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._background.values(), return_exceptions=True)
 
 
 def _report_exit(task: asyncio.Task[None]) -> None:

@@ -29,12 +29,14 @@ class LeaseKeeper:
         lost: Callable[[Attempt, LostReason], None],
         *,
         tick: float,
+        beat: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
         self._now = now
         self._attempts = attempts
         self._lost = lost
         self._tick = tick
+        self._beat = beat  # every tick, for the worker's health
         self._renewals: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -42,6 +44,7 @@ class LeaseKeeper:
         try:
             while True:
                 await asyncio.sleep(self._tick)
+                self._beat()
                 now = self._now()
                 for attempt in list(self._attempts):
                     if not attempt.forwarding or attempt.lost:

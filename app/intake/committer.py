@@ -4,9 +4,18 @@ Each request hands its row to `submit` and waits. A flusher takes everything wai
 `max_batch` rows), records it with one `add_many`, and answers every request of the batch only
 after that commit. While a commit is in flight the next batch gathers by itself, so under load
 batches grow and commits per second stay flat; alone, a request waits for one commit only
-(plus `max_wait`, default 0). A batch that fails or overruns `timeout` fails every request in
-it, which then answers 503: Telegram delivers those updates again, and a row that did commit
-after all is then a duplicate, answered 200 and changed by nothing.
+(plus `max_wait`, default 0).
+
+Two promises hold whatever the database does:
+- A request's budget (`timeout`) runs from its own arrival, however long it queued behind a
+  flush: past it, the request answers 503 (CommitFailed) at once. Telegram delivers the
+  update again; a row that did commit after all is then a duplicate, answered 200 and
+  changed by nothing. A row whose request has given up before its flush is not inserted.
+- What the committer holds is bounded: the bodies of the rows waiting and of the insert in
+  flight, `max_pending_bytes` at most. Past it a request answers 503 at once and holds
+  nothing. There is never more than one insert in flight: while one hangs (a lock, a
+  database that stopped answering) the requests behind it time out instead of piling up
+  inserts of their own.
 """
 
 from __future__ import annotations
@@ -32,68 +41,90 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
         max_batch: int = 500,
         max_wait: float = 0.0,
         timeout: float = 5.0,
+        max_pending_bytes: int = 16 << 20,
         on_added: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(max_batch=max_batch, max_wait=max_wait)
         self._store = store
         self._timeout = timeout
+        self._max_pending = max_pending_bytes
         self._on_added = on_added
-        self._inserts: set[asyncio.Task[set[tuple[str, int]]]] = set()
+        self.pending_bytes = 0  # bodies held: waiting, or in the insert in flight
+        self._insert: asyncio.Task[set[tuple[str, int]]] | None = None
+        self._in_flight: set[int] = set()  # id() of each row in the insert in flight
 
     async def stop(self) -> None:
         """Commit what is waiting, then stop the flusher."""
         await super().stop()
-        await asyncio.gather(*self._inserts, return_exceptions=True)
+        if self._insert is not None:
+            await asyncio.gather(self._insert, return_exceptions=True)
 
     async def submit(self, item: NewUpdate) -> bool:
         """Record `item`; True when it was new, False for a duplicate. Returns only after the
-        commit holding the row; raises CommitFailed when that commit is not confirmed."""
+        commit holding the row; raises CommitFailed when that commit is not confirmed within
+        the budget, counted from now, or when the committer holds too much already."""
+        size = len(item.body)
+        if self.pending_bytes + size > self._max_pending:
+            raise CommitFailed(f"{self.pending_bytes} bytes already wait for a commit")
+        self.pending_bytes += size
         try:
-            return await super().submit(item)
+            async with asyncio.timeout(self._timeout):
+                return await super().submit(item)
+        except TimeoutError as error:
+            raise CommitFailed(f"no commit within {self._timeout:.3g} s") from error
         except Closed as error:
             raise CommitFailed("the intake is shutting down") from error
+        finally:
+            if not self._holds(item):
+                self.pending_bytes -= size
+
+    def _holds(self, item: NewUpdate) -> bool:
+        """Whether `item` is in the insert in flight, which releases its bytes when it ends."""
+        return id(item) in self._in_flight
 
     async def _flush(self, batch: list[tuple[NewUpdate, asyncio.Future[bool]]]) -> None:
-        # The insert runs as its own task and is never cancelled: a driver cancelled mid-
-        # statement cleans up only as fast as the database lets it (SQLite: the whole busy
-        # timeout). Past the budget the batch answers 503 at once and the insert finishes on
-        # its own; if it commits after all, Telegram's redelivery is a duplicate.
-        rows = [row for row, _ in batch]
-        insert = asyncio.create_task(self._store.add_many(rows))
-        self._inserts.add(insert)
-        insert.add_done_callback(self._forget)
-        done, _ = await asyncio.wait({insert}, timeout=self._timeout)
-        if not done:
-            self._fail(batch, TimeoutError(f"no commit within {self._timeout:.3g} s"))
+        # A request that gave up while it waited (its future is cancelled) is not inserted.
+        batch = [(row, future) for row, future in batch if not future.done()]
+        if not batch:
             return
-        try:
-            new = insert.result()
-        except StoreUnavailable as error:
-            self._fail(batch, error)
-        except Exception as error:
+        new = await self._insert_rows(batch)
+        if isinstance(new, StoreUnavailable):
+            self._fail(batch, new)
+        elif isinstance(new, Exception):
             # Something about the rows, not the database: commit them one by one, so that one
             # bad row fails alone instead of every update that happened to share its batch.
+            # Each request keeps its own budget meanwhile.
             if len(batch) == 1:
-                self._fail(batch, error)
+                self._fail(batch, new)
                 return
-            deadline = asyncio.get_running_loop().time() + self._timeout
-            for index, item in enumerate(batch):
-                if asyncio.get_running_loop().time() > deadline:
-                    # The rest would wait past their budget behind the retries: answer now.
-                    self._fail(batch[index:], error)
-                    return
+            for item in batch:
                 await self._flush([item])
         else:
             for row, future in batch:
-                if not future.done():  # a client that hung up cancelled its future
+                if not future.done():  # a request past its budget, or whose client hung up
                     future.set_result((row.bot, row.update_id) in new)
             if new and self._on_added is not None:
                 self._on_added()  # wake the workers: new updates are due
 
-    def _forget(self, insert: asyncio.Task[set[tuple[str, int]]]) -> None:
-        self._inserts.discard(insert)
-        if not insert.cancelled():
-            insert.exception()  # retrieved here too, for an insert that outlived its budget
+    async def _insert_rows(
+        self, batch: list[tuple[NewUpdate, asyncio.Future[bool]]]
+    ) -> set[tuple[str, int]] | Exception:
+        """One insert, awaited to its end however long that takes (the requests answer at
+        their own budgets meanwhile). It runs as a task of its own and is never cancelled: a
+        driver cancelled mid-statement cleans up only as fast as the database lets it
+        (SQLite: the whole busy timeout)."""
+        rows = [row for row, _ in batch]
+        self._in_flight = {id(row) for row in rows}
+        self._insert = asyncio.create_task(self._store.add_many(rows))
+        try:
+            await asyncio.wait({self._insert})
+            return self._insert.result()
+        except Exception as error:
+            return error
+        finally:
+            # The bytes of rows whose request is still waiting are released by that request.
+            self.pending_bytes -= sum(len(row.body) for row, future in batch if future.done())
+            self._in_flight = set()
 
     @staticmethod
     def _fail(batch: list[tuple[NewUpdate, asyncio.Future[bool]]], error: BaseException) -> None:

@@ -113,6 +113,8 @@ class Intake:
             return "invalid", _error(400, problem)
         update_type, queue_key = classify(update)
         row = NewUpdate(bot, update["update_id"], text, received_at, update_type, queue_key)
+        # While it waits for the commit, a request holds its row's text and nothing more.
+        del body, update
         try:
             new = await self._committer.submit(row)
         except CommitFailed:

@@ -140,7 +140,9 @@ class UpdateStore(Protocol):
 
     async def prune(self, before: int) -> int:
         """Delete completed and abandoned rows with `settled_at < before`; the count deleted.
-        Unacknowledged exhaustions have no `settled_at` and are never pruned."""
+        Unacknowledged exhaustions have no `settled_at` and are never pruned. Deletes in
+        bounded batches, each its own transaction, so a large prune never holds the table
+        (or SQLite's one write lock) for long."""
         ...
 
 

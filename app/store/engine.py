@@ -35,14 +35,26 @@ def normalise_url(url: str | URL, *, asynchronous: bool = True) -> URL:
     return parsed.set(drivername=driver)
 
 
-def create_store_engine(url: str | URL, *, pool_size: int = 10) -> AsyncEngine:
-    """An async engine for the store on either backend."""
+def create_store_engine(
+    url: str | URL,
+    *,
+    pool_size: int = 10,
+    statement_timeout_ms: int = 0,
+    lock_timeout_ms: int = 0,
+) -> AsyncEngine:
+    """An async engine for the store on either backend. The timeouts (0: none) apply to
+    PostgreSQL; SQLite, a local file, waits only for its write lock, up to its busy timeout."""
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
         engine = create_async_engine(parsed, **sqlite.engine_options(parsed))
         sqlite.configure(engine.sync_engine)
         return engine
-    return postgres.async_engine(parsed, pool_size=pool_size)
+    return postgres.async_engine(
+        parsed,
+        pool_size=pool_size,
+        statement_timeout_ms=statement_timeout_ms,
+        lock_timeout_ms=lock_timeout_ms,
+    )
 
 
 def create_sync_engine(url: str | URL) -> Engine:
@@ -56,6 +68,7 @@ def create_sync_engine(url: str | URL) -> Engine:
 
 
 _SCHEMA_SQLSTATES = {"42P01", "42703", "42883"}  # undefined table, column, function
+_TIMEOUT_SQLSTATES = {"55P03", "57014"}  # lock_timeout, statement_timeout (query canceled)
 _SCHEMA_MESSAGES = ("no such table", "no such column", "has no column named")
 
 
@@ -78,6 +91,8 @@ def _translate(error: exc.DBAPIError, table: str) -> StoreError:
     sqlstate = getattr(original, "sqlstate", None)
     if sqlstate in _SCHEMA_SQLSTATES or any(m in message for m in _SCHEMA_MESSAGES):
         return SchemaError(f"table {table!r} is not as expected ({message}); {UPGRADE_HINT}")
+    if sqlstate in _TIMEOUT_SQLSTATES:
+        return StoreUnavailable(f"database did not answer in time: {message}")
     if "database is locked" in message:
         return StoreBusy(f"SQLite write lock still taken after {BUSY_TIMEOUT_MS} ms: {message}")
     if error.connection_invalidated or isinstance(error, exc.OperationalError | exc.InterfaceError):

@@ -59,14 +59,29 @@ Compiled = tuple[str, dict[str, Any]]  # psycopg's SQL text and its constant par
 # -- engines -----------------------------------------------------------------------------------
 
 
-def connect_args(url: URL) -> dict[str, Any]:
+def connect_args(
+    url: URL, *, statement_timeout_ms: int = 0, lock_timeout_ms: int = 0
+) -> dict[str, Any]:
+    """psycopg's connection arguments. Nonzero timeouts become the session's
+    `statement_timeout` and `lock_timeout`, added to any `options` the URL carries: no
+    statement waits forever, for a lock or for anything else."""
     arguments: dict[str, Any] = {"connect_timeout": 5}
     if "application_name" not in url.query:
         arguments["application_name"] = "telegram-intake"
+    given = url.query.get("options", "")
+    options = [given] if isinstance(given, str) else list(given)
+    if statement_timeout_ms:
+        options.append(f"-c statement_timeout={int(statement_timeout_ms)}")
+    if lock_timeout_ms:
+        options.append(f"-c lock_timeout={int(lock_timeout_ms)}")
+    if any(options):
+        arguments["options"] = " ".join(option for option in options if option)
     return arguments
 
 
-def async_engine(url: URL, *, pool_size: int) -> AsyncEngine:
+def async_engine(
+    url: URL, *, pool_size: int, statement_timeout_ms: int = 0, lock_timeout_ms: int = 0
+) -> AsyncEngine:
     # No pre-ping: it costs a round trip per checkout (a third of a claim). A dropped
     # connection fails one statement, as StoreUnavailable, and invalidates the whole pool.
     # No overflow: under sustained load an overflow connection is opened, used once and
@@ -79,7 +94,9 @@ def async_engine(url: URL, *, pool_size: int) -> AsyncEngine:
         pool_size=pool_size,
         max_overflow=0,
         isolation_level="AUTOCOMMIT",
-        connect_args=connect_args(url),
+        connect_args=connect_args(
+            url, statement_timeout_ms=statement_timeout_ms, lock_timeout_ms=lock_timeout_ms
+        ),
     )
 
 

@@ -148,14 +148,21 @@ def due(
     return select(rows).order_by(rows.c.bot, rows.c.update_id).limit(limit)
 
 
-def prune(t: Table, *, before: int) -> Delete:
+def prune(t: Table, *, before: int, limit: int) -> Delete:
+    """Delete up to `limit` prunable rows: a bounded batch, so that no prune holds a lock (on
+    SQLite: the one write lock) for longer than one batch takes."""
     # The rule is settled_at < before; due_at == settled_at on terminal rows lets the
     # (state, due_at) index bound the scan. Exhaustions keep settled_at NULL until acknowledged.
-    return delete(t).where(
-        in_state(t.c.state, "completed", "abandoned"),
-        t.c.due_at < before,
-        t.c.settled_at < before,
+    prunable = (
+        select(t.c.bot, t.c.update_id)
+        .where(
+            in_state(t.c.state, "completed", "abandoned"),
+            t.c.due_at < before,
+            t.c.settled_at < before,
+        )
+        .limit(limit)
     )
+    return delete(t).where(tuple_(t.c.bot, t.c.update_id).in_(prunable))
 
 
 def get_update(t: Table, *, bot: str, update_id: int) -> Select[Any]:

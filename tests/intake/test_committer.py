@@ -104,3 +104,85 @@ async def test_stop_commits_what_waits_and_returns() -> None:
     assert (await first, await second) == (True, True)
     with pytest.raises(CommitFailed, match="shutting down"):
         await committer.submit(row(3))
+
+
+class CountingStore(FakeStore):
+    """FakeStore that also counts the inserts running at once."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__(delay)
+        self.running = 0
+        self.most_at_once = 0
+
+    async def add_many(self, rows: Sequence[NewUpdate]) -> set[tuple[str, int]]:
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            return await super().add_many(rows)
+        finally:
+            self.running -= 1
+
+
+async def answered_within(committer: GroupCommitter, update_id: int) -> tuple[object, float]:
+    """What `submit` gave (a result or its exception) and how long after the call."""
+    began = time.monotonic()
+    try:
+        outcome: object = await committer.submit(row(update_id))
+    except CommitFailed as error:
+        outcome = error
+    return outcome, time.monotonic() - began
+
+
+async def test_the_budget_runs_from_each_requests_own_arrival() -> None:
+    store = CountingStore(delay=1.0)  # a commit that hangs past every budget
+    committer = await started(store, timeout=0.3)
+    first = asyncio.create_task(answered_within(committer, 1))
+    await asyncio.sleep(0.2)  # 1 is committing; 2 queues behind it
+    second = asyncio.create_task(answered_within(committer, 2))
+    (one, one_took), (two, two_took) = await first, await second
+    await committer.stop()
+    assert isinstance(one, CommitFailed)
+    assert isinstance(two, CommitFailed)
+    assert one_took < 0.45
+    assert two_took < 0.45
+    assert store.batches == [[1]]  # 2 gave up before a flush took it: never inserted
+    assert store.most_at_once == 1  # no second insert piled onto the hung one
+
+
+async def test_the_row_by_row_fallback_keeps_each_requests_budget() -> None:
+    store = FakeStore(delay=0.15)
+    store.bad = {1}
+    committer = await started(store, timeout=0.5)
+    outcomes = await asyncio.gather(*(answered_within(committer, n) for n in range(1, 9)))
+    await committer.stop()
+    assert max(took for _, took in outcomes) < 0.65
+    assert isinstance(outcomes[0][0], CommitFailed)  # the bad row fails alone...
+    assert outcomes[1][0] is True  # ...the next rows commit one by one in the budget left
+    assert any(isinstance(outcome, CommitFailed) for outcome, _ in outcomes[2:])  # then 503
+
+
+async def test_past_the_pending_bound_a_request_fails_at_once_and_holds_nothing() -> None:
+    store = FakeStore(delay=0.3)
+    size = len(row(1).body)
+    committer = await started(store, max_pending_bytes=3 * size)
+    outcomes = await asyncio.gather(*(answered_within(committer, n) for n in range(1, 7)))
+    assert committer.pending_bytes == 0
+    await committer.stop()
+    refused = [(outcome, took) for outcome, took in outcomes if isinstance(outcome, CommitFailed)]
+    assert [outcome for outcome, _ in outcomes[:3]] == [True, True, True]
+    assert len(refused) == 3
+    assert all(took < 0.05 for _, took in refused)
+    assert "already wait for a commit" in str(refused[0][0])
+    assert sorted(n for batch in store.batches for n in batch) == [1, 2, 3]
+
+
+async def test_rows_in_a_hung_insert_stay_counted_until_it_ends() -> None:
+    store = FakeStore(delay=0.5)
+    size = len(row(1).body)
+    committer = await started(store, timeout=0.1)
+    outcomes = await asyncio.gather(*(answered_within(committer, n) for n in range(1, 5)))
+    assert all(isinstance(outcome, CommitFailed) for outcome, _ in outcomes)
+    assert committer.pending_bytes == 4 * size  # still held by the insert in flight
+    await asyncio.sleep(0.6)
+    assert committer.pending_bytes == 0
+    await committer.stop()

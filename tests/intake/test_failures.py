@@ -66,3 +66,29 @@ async def test_a_commit_over_its_budget_is_503_and_the_next_one_succeeds(
     assert slow.headers["retry-after"] == "5"
     assert (fine.status_code, again.status_code) == (200, 200)
     assert rows == [(1,), (2,)]
+
+
+async def test_each_request_is_answered_within_its_budget_while_the_table_is_locked(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    intake = intake_on(postgres_storage)
+    async with intake(commit_timeout_ms=1000) as (base, db):
+        schema = make_url(db).query["options"].removeprefix("-csearch_path=")
+        with psycopg.connect(postgres_admin.info.dsn, autocommit=False) as locker:
+            locker.execute(f"LOCK TABLE {schema}.telegram_updates IN ACCESS EXCLUSIVE MODE")
+            every = httpx.Limits(max_connections=None)  # no request queues in the client
+            async with httpx.AsyncClient(timeout=30, limits=every) as client:
+
+                async def timed(update_id: int) -> tuple[int, float]:
+                    await asyncio.sleep(update_id % 20 * 0.05)  # arrivals spread over 1 s
+                    began = asyncio.get_running_loop().time()
+                    response = await post(client, base, f'{{"update_id": {update_id}}}')
+                    return response.status_code, asyncio.get_running_loop().time() - began
+
+                answers = await asyncio.gather(*(timed(n) for n in range(1, 61)))
+            locker.rollback()
+        async with httpx.AsyncClient(timeout=30) as client:
+            after = await post(client, base, '{"update_id": 1000}')
+    assert {status for status, _ in answers} == {503}
+    assert max(took for _, took in answers) < 1.5  # the 1 s budget, each from its own arrival
+    assert after.status_code == 200

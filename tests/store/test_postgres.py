@@ -203,3 +203,36 @@ async def test_owns_function_finds_its_table_from_any_search_path(
         assert row == (True,)
     finally:
         await store.close()
+
+
+async def test_a_statement_waiting_past_the_lock_timeout_is_store_unavailable(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    url = postgres_storage.url()
+    schema = make_url(url).query["options"].removeprefix("-csearch_path=")
+    store = await open_store(url, lock_timeout_ms=300, statement_timeout_ms=10_000)
+    try:
+        with psycopg.connect(postgres_admin.info.dsn) as locker:
+            locker.execute(f"LOCK TABLE {schema}.telegram_updates IN ACCESS EXCLUSIVE MODE")
+            began = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="did not answer in time"):
+                await store.add("shop", 1, '{"update_id": 1}', _now())
+            waited = time.monotonic() - began
+            locker.rollback()
+        assert waited < 3  # the lock timeout, not the lock's holder, ended the wait
+        assert await store.add("shop", 1, '{"update_id": 1}', _now()) is True  # and then works
+    finally:
+        await store.close()
+
+
+async def test_a_statement_running_past_the_statement_timeout_is_store_unavailable(
+    postgres_storage: Storage,
+) -> None:
+    store = await open_store(postgres_storage.url(), statement_timeout_ms=200)
+    try:
+        with pytest.raises(StoreUnavailable, match="did not answer in time"):
+            async with store.transaction() as connection:
+                await connection.exec_driver_sql("SELECT pg_sleep(5)")
+        await store.ping()  # the connection is still good
+    finally:
+        await store.close()

@@ -84,7 +84,7 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
         "exhaust": queries.exhaust(t, identity=IDENTITY, at=NOW, error="HTTP 400"),
         "due_exhaustions": queries.due_exhaustions(t, limit=100, after=("news", 5), bots=None),
         "acknowledge_exhaustion": queries.acknowledge_exhaustion(t, identity=IDENTITY, at=NOW),
-        "prune": queries.prune(t, before=1_000),
+        "prune": queries.prune(t, before=1_000, limit=2_000),
     }
 
 

@@ -17,6 +17,7 @@ from app.store import (
 )
 from app.store.engine import normalise_url
 from app.store.migrate import upgrade
+from app.store.sqlstore import base as sqlstore_base
 from tests.conftest import Storage
 
 GOOD = {"bot": "shop", "update_id": 7, "body": '{"update_id": 7}', "received_at": 0}
@@ -228,3 +229,31 @@ def test_a_pool_checkout_timeout_is_unavailability() -> None:
 
     with pytest.raises(StoreUnavailable, match="database unavailable"), translated_errors("t"):
         raise exc.TimeoutError("QueuePool limit of size 10 overflow 10 reached")
+
+
+async def test_prune_deletes_in_bounded_batches_until_none_is_left(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlstore_base, "PRUNE_BATCH", 3)
+    store = await open_store(storage.url())
+    try:
+        statements: list[str] = []
+        original = store._write
+
+        def counted() -> Any:
+            statements.append("write")
+            return original()
+
+        monkeypatch.setattr(store, "_write", counted)
+        for update_id in range(1, 11):
+            await store.add("shop", update_id, f'{{"update_id": {update_id}}}', 0)
+            attempt = await store.claim("shop", update_id, now=1, lease_until=5, max_attempts=3)
+            assert attempt == 1
+            await store.settle("shop", update_id, 1, Completed(2))
+        await store.add("shop", 11, '{"update_id": 11}', 0)  # pending: never pruned
+        statements.clear()
+        assert await store.prune(100) == 10
+        assert len(statements) == 4  # 3 + 3 + 3 + 1, each its own transaction
+        assert [u.update_id for u in await store.due(now=100, pending_before=100, limit=20)] == [11]
+    finally:
+        await store.close()

@@ -25,11 +25,23 @@ class SqlUpdateStore(DurableMethods):
 
 
 async def open_store(
-    url: str, *, table: str = DEFAULT_TABLE, pool_size: int = 10
+    url: str,
+    *,
+    table: str = DEFAULT_TABLE,
+    pool_size: int = 10,
+    statement_timeout_ms: int = 0,
+    lock_timeout_ms: int = 0,
 ) -> SqlUpdateStore:
-    """Open a store on a migrated database; `capability` is read from the live schema."""
+    """Open a store on a migrated database; `capability` is read from the live schema. On
+    PostgreSQL, nonzero timeouts bound every statement of its connections (a statement past
+    either raises StoreUnavailable)."""
     validate.table_name(table)
-    engine = create_store_engine(url, pool_size=pool_size)
+    engine = create_store_engine(
+        url,
+        pool_size=pool_size,
+        statement_timeout_ms=statement_timeout_ms,
+        lock_timeout_ms=lock_timeout_ms,
+    )
     try:
         capability = await read_capability(engine, table)
     except BaseException:

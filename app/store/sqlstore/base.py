@@ -3,6 +3,7 @@ the operators' views of what is recorded."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Sequence
 
@@ -22,6 +23,7 @@ from app.store.types import (
 )
 
 _UNDELIVERED = ("pending", "processing", "failed")
+PRUNE_BATCH = 2_000  # rows a prune deletes per transaction
 
 
 class BaseMethods(SqlCore):
@@ -124,9 +126,19 @@ class BaseMethods(SqlCore):
         ]
 
     async def prune(self, before: int) -> int:
-        statement = queries.prune(self.table, before=validate.millis("before", before))
-        async with self._write() as connection:
-            return (await connection.execute(statement)).rowcount
+        """Batches of PRUNE_BATCH rows, each its own transaction, until one comes up short:
+        writers (the intake above all) get their turn between batches."""
+        statement = queries.prune(
+            self.table, before=validate.millis("before", before), limit=PRUNE_BATCH
+        )
+        deleted = 0
+        while True:
+            async with self._write() as connection:
+                batch = (await connection.execute(statement)).rowcount
+            deleted += batch
+            if batch < PRUNE_BATCH:
+                return deleted
+            await asyncio.sleep(0)
 
     # -- operators' views (beyond SPEC section 4; base level) --------------------------------
 

@@ -1,0 +1,94 @@
+"""A `serve` process while another session holds the table locked: every request answers
+within its own budget, and memory stays bounded and is given back (issue 14, items 1 and 2).
+
+The experiment of docs/reliability.md: 800 posts of 100 KB, 40 a second, during a 20-second
+lock, with `INTAKE_COMMIT_TIMEOUT_MS=2000`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.conftest import Storage
+from tests.hostile.campaign import WEBHOOK, start_target
+
+pytestmark = pytest.mark.slow  # a 20-second lock, a real process
+
+POSTS = 800
+RATE = 40  # posts a second: the lock spans all of them
+BODY_TEXT = 100_000
+LOCK_SECONDS = 20.0
+BUDGET_MS = 2000
+
+
+def _body(update_id: int) -> str:
+    return json.dumps({"update_id": update_id, "message": {"text": "x" * BODY_TEXT}})
+
+
+async def _post_all(base: str) -> list[tuple[int, float]]:
+    """Every post at its time; each answer's status and how long after its own send."""
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
+        async def one(update_id: int) -> tuple[int, float]:
+            await asyncio.sleep(update_id / RATE)
+            began = time.monotonic()
+            response = await client.post(
+                f"{base}/telegram/default", content=_body(update_id), headers=dict(WEBHOOK)
+            )
+            return response.status_code, time.monotonic() - began
+
+        return await asyncio.gather(*(one(n) for n in range(POSTS)))
+
+
+async def test_a_locked_table_costs_each_request_its_budget_and_bounded_memory(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection, tmp_path: Path
+) -> None:
+    url = postgres_storage.url()
+    schema = make_url(url).query["options"].removeprefix("-csearch_path=")
+    target = start_target(tmp_path, url, commit_timeout_ms=BUDGET_MS)
+    try:
+        before = target.rss_kib()
+        peak = before
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.wait(0.05):
+                peak = max(peak, target.rss_kib())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        with psycopg.connect(postgres_admin.info.dsn) as locker:
+            locker.execute(f"LOCK TABLE {schema}.telegram_updates IN ACCESS EXCLUSIVE MODE")
+            answers = await _post_all(target.base)
+            await asyncio.sleep(max(0.0, LOCK_SECONDS - POSTS / RATE))
+            locker.rollback()
+        await asyncio.sleep(3)  # the hung insert ends; what it held is released
+        stop.set()
+        sampler.join()
+        after = target.rss_kib()
+        async with httpx.AsyncClient(timeout=30) as client:
+            fine = await client.post(
+                f"{target.base}/telegram/default", content=_body(10**6), headers=dict(WEBHOOK)
+            )
+    finally:
+        target.process.kill()
+    print(  # the figure of docs/reliability.md
+        f"\nRSS MiB before {before / 1024:.0f}, peak {peak / 1024:.0f}, after {after / 1024:.0f};"
+        f" slowest answer {max(took for _, took in answers):.2f} s"
+    )
+    assert {status for status, _ in answers} == {503}
+    assert max(took for _, took in answers) < BUDGET_MS / 1000 + 0.5
+    assert (peak - before) / 1024 <= 64
+    assert (after - before) / 1024 <= 32
+    assert fine.status_code == 200
