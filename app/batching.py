@@ -72,8 +72,7 @@ class Batcher(Generic[Item, Result]):
             await self._wake.wait()
             if self._max_wait and len(self._waiting) < self._max_batch and not self._closing:
                 await asyncio.sleep(self._max_wait)
-            taken = list(itertools.islice(self._waiting, self._max_batch))
-            batch = [(self._waiting.pop(future), future) for future in taken]
+            batch = [(self._waiting.pop(future), future) for future in self._take()]
             if not self._waiting:
                 self._wake.clear()
             if batch:
@@ -83,6 +82,10 @@ class Batcher(Generic[Item, Result]):
                     self._fail(batch, error)
             if self._closing and not self._waiting:
                 return
+
+    def _take(self) -> list[asyncio.Future[Result]]:
+        """The next batch, oldest first: up to `max_batch` of the waiting items."""
+        return list(itertools.islice(self._waiting, self._max_batch))
 
     async def _flush(self, batch: list[tuple[Item, asyncio.Future[Result]]]) -> None:
         raise NotImplementedError

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from app.batching import Batcher, Closed
 from app.store import DurableUpdateStore, NewUpdate, StoreUnavailable
 
+MAX_BATCH_BYTES = 1 << 20  # body bytes one insert carries at most
+
 
 class CommitFailed(Exception):
     """The batch holding this request's row was not confirmed committed."""
@@ -77,6 +79,19 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
         finally:
             if not self._holds(item):
                 self.pending_bytes -= size
+
+    def _take(self) -> list[asyncio.Future[bool]]:
+        # Rows up to MAX_BATCH_BYTES of body (one row at least): the insert's parameters, and
+        # the driver's buffers that grow to the largest statement sent and stay so, are
+        # bounded by it, not by max_batch rows of the largest body.
+        taken: list[asyncio.Future[bool]] = []
+        size = 0
+        for future, row in self._waiting.items():
+            size += len(row.body)
+            if len(taken) == self._max_batch or (taken and size > MAX_BATCH_BYTES):
+                break
+            taken.append(future)
+        return taken
 
     def _holds(self, item: NewUpdate) -> bool:
         """Whether `item` is in the insert in flight, which releases its bytes when it ends."""

@@ -186,3 +186,15 @@ async def test_rows_in_a_hung_insert_stay_counted_until_it_ends() -> None:
     await asyncio.sleep(0.6)
     assert committer.pending_bytes == 0
     await committer.stop()
+
+
+async def test_a_batch_carries_at_most_a_mebibyte_of_bodies_and_one_row_whatever_its_size() -> None:
+    store = FakeStore(delay=0.05)
+    committer = await started(store, max_pending_bytes=8 << 20)
+    big = [NewUpdate("shop", n, f'{{"update_id": {n}, "x": "{"y" * 600_000}"}}', 0) for n in (1, 2)]
+    huge = NewUpdate("shop", 3, f'{{"update_id": 3, "x": "{"y" * 1_500_000}"}}', 0)
+    small = [row(n) for n in range(4, 10)]
+    await asyncio.gather(*(committer.submit(item) for item in [*big, huge, *small]))
+    await committer.stop()
+    assert store.batches[:3] == [[1], [2], [3]]  # 0.6 + 0.6 MB is over the cap; 1.5 MB alone
+    assert sorted(n for batch in store.batches[3:] for n in batch) == list(range(4, 10))
