@@ -2,10 +2,11 @@
 
 `FakeDownstream` records every request it gets, in order, with the identity headers; what it
 answers is up to the test (`answer`, which may sleep to hang). It serves `/hook` for updates
-and `/exhausted` for exhaustion records. A `ManualClock` given to `dispatching` is the only
-time its dispatcher's clock and breakers see: a test moves it, and `looked_again` waits until
-the dispatcher has had its chance to act on what it shows, so an absence is proven, not slept
-on.
+and `/exhausted` for exhaustion records. A `ManualClock` given to `dispatching` is the
+monotonic clock its dispatcher's clock and breakers read: a test moves it, and `looked_again`
+waits until the dispatcher has had its chance to act on what it shows, so an absence is
+proven, not slept on. (The database clock still syncs with the database at start and every
+30 real seconds: a test on a ManualClock should not run longer than that.)
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ async def dispatching(
     """A dispatcher with a store of its own, as a worker process would have; on `clock` when
     given, the real monotonic clock otherwise."""
     monotonic_ns = time.monotonic_ns if clock is None else clock.monotonic_ns
-    store = await open_store(settings.database_url)
+    store = await open_store(settings.database_url, table=settings.table)
     try:
         async with running_dispatcher(store, settings, monotonic_ns=monotonic_ns) as dispatcher:
             yield dispatcher, store

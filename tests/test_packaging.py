@@ -45,7 +45,6 @@ print("\\n".join(failed))
 """
 
 
-@pytest.mark.slow  # a fresh interpreter per module
 def test_every_module_of_app_imports_first() -> None:
     modules = sorted(
         ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")

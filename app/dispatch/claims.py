@@ -60,7 +60,7 @@ class ClaimLoop:
         self._refill = max(1, min(batch, capacity) // 4)
         self.attempts: set[Attempt] = set()
         self.in_flight = 0
-        self.passes = 0  # looks at every lane that reached the database: its chances to claim
+        self.passes = 0  # turns that looked at every lane without failing: chances to claim
         self._stopping = False
 
     def stop(self) -> None:

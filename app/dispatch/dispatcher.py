@@ -131,7 +131,8 @@ class Dispatcher:
 
     @property
     def claim_passes(self) -> int:
-        """Looks at every bot so far that reached the database: each a chance to claim."""
+        """Turns of the claim loop so far that looked at every bot (claiming or not, as the
+        breakers and capacity allowed) and did not fail: each a chance to claim."""
         return self._claims.passes
 
     def wake(self) -> None:

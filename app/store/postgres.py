@@ -11,8 +11,8 @@
 - The clock is the database's: the one clock the leases of every host share.
 - Wake-ups across processes: every commit that adds updates NOTIFYs the table's channel, and
   `listen` holds one connection of its own, outside the pool, that LISTENs on it.
-- `owns` inside a caller's transaction is the SQL function of revision 0002 (FOR UPDATE,
-  database clock).
+- `fencing.owns_in_transaction` (a downstream's own transaction) is the SQL function of
+  revision 0002 here (FOR UPDATE, database clock).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def settle_many_parameters(
 
 
 def owns_function(name: str, identity: ClaimIdentity) -> Select[Any]:
-    """`owns` inside a caller's transaction: the SQL function of revision 0002."""
+    """`fencing.owns_in_transaction`'s statement: the SQL function of revision 0002."""
     arguments = (identity.bot, identity.update_id, identity.attempt, identity.claim_id)
     return select(getattr(func, name)(*arguments))
 

@@ -8,8 +8,9 @@
 - Batches are local statements in one transaction: the cost is its single commit.
 - The clock is this host's (the file is here), and there are no notifications: a worker in
   another process than the intake finds new rows by polling.
-- `owns` inside a caller's transaction is a no-op write of the leased row (`hold_owned`):
-  the transaction then holds the write lock until it commits, so no reclaim can pass.
+- `fencing.owns_in_transaction` (a downstream's own transaction) is a no-op write of the
+  leased row here (`hold_owned`): the transaction then holds the write lock until it
+  commits, so no reclaim can pass.
 """
 
 from __future__ import annotations

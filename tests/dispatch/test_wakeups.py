@@ -5,11 +5,13 @@ delivery is a wake-up."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import httpx
 
 from app.main import create_app
 from app.store import Completed, open_store
+from app.store.migrate import upgrade
 from tests.conftest import Storage, serve_asgi
 from tests.downstream import (
     SECRET,
@@ -47,13 +49,19 @@ async def test_run_delivers_what_the_intake_in_the_same_process_records(
 async def test_a_worker_elsewhere_wakes_on_the_intakes_notification(
     postgres_storage: Storage, downstream: FakeDownstream
 ) -> None:
-    url = postgres_storage.url()
-    async with dispatching(settings_for(url, bot(downstream), **SLOW_POLL)) as (worker, _):
-        intake_store = await open_store(url)  # another process's connections
+    # A table of its own: the channel is named after the table, and tests running beside
+    # this one in other schemas of the same database would otherwise wake it too.
+    table = f"t{uuid.uuid4().hex[:12]}"
+    url = postgres_storage.url(None)
+    upgrade(url, table=table)
+    settings = settings_for(url, bot(downstream), table=table, **SLOW_POLL)
+    async with dispatching(settings) as (worker, _):
+        intake_store = await open_store(url, table=table)  # another process's connections
         try:
             await asyncio.wait_for(worker.listening.wait(), 5)
-            # The worker has looked, found nothing, and sleeps (a pass ends in its wait).
-            await eventually(lambda: worker.claim_passes >= 1)
+            # Its first pass, and the pass after the listener's own wake-up on connecting
+            # (set just before it): it has looked, found nothing, and sleeps for 30 s.
+            await eventually(lambda: worker.claim_passes >= 2)
             await intake_store.add("shop", 1, message(1), now_ms())  # its commit notifies
             await eventually(lambda: downstream.received, within=5)
         finally:

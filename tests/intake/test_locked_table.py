@@ -16,10 +16,11 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
 from tests.conftest import Storage
-from tests.hostile.campaign import WEBHOOK, start_target
+from tests.hostile.campaign import API_KEY, WEBHOOK, start_target
 
 pytestmark = pytest.mark.slow  # a 20-second lock, a real process
 
@@ -28,6 +29,19 @@ RATE = 40  # posts a second: the lock spans all of them
 BODY_TEXT = 100_000
 LOCK_SECONDS = 20.0
 BUDGET_MS = 2000
+
+
+def _answered_within(exposition: str) -> dict[float, int]:
+    """The webhook's answers by the server's own duration histogram: how many within 1, 2.5
+    and 5 seconds."""
+    counts = {}
+    for family in text_string_to_metric_families(exposition):
+        if family.name == "telegram_intake_webhook_request_duration_seconds":
+            for sample in family.samples:
+                bucket = sample.name.endswith("_bucket") and sample.labels["bot"] == "default"
+                if bucket and float(sample.labels["le"]) in (1, 2.5, 5):
+                    counts[float(sample.labels["le"])] = int(sample.value)
+    return counts
 
 
 def _body(update_id: int) -> str:
@@ -81,14 +95,21 @@ async def test_a_locked_table_costs_each_request_its_budget_and_bounded_memory(
             fine = await client.post(
                 f"{target.base}/telegram/default", content=_body(10**6), headers=dict(WEBHOOK)
             )
+            exposition = await client.get(
+                f"{target.base}/metrics", headers={"authorization": f"Bearer {API_KEY}"}
+            )
     finally:
         target.process.kill()
-    print(  # the figure of docs/reliability.md
+    within = _answered_within(exposition.text)
+    print(  # the figures of docs/reliability.md
         f"\nRSS MiB before {before / 1024:.0f}, peak {peak / 1024:.0f}, after {after / 1024:.0f};"
-        f" slowest answer {max(took for _, took in answers):.2f} s"
+        f" slowest answer seen by the client {max(took for _, took in answers):.2f} s;"
+        f" answered by the server within 1 / 2.5 / 5 s: {within}"
     )
     assert {status for status, _ in answers} == {503}
-    assert max(took for _, took in answers) < BUDGET_MS / 1000 + 0.5
+    # Timed by the server, from the route's start to its answer: the client's own clock
+    # would count its queueing too, and on a loaded machine that is seconds.
+    assert within[2.5] == POSTS + 1, within
     assert (peak - before) / 1024 <= 64
     assert (after - before) / 1024 <= 32
     assert fine.status_code == 200
