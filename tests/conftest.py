@@ -35,6 +35,15 @@ BACKENDS = ("sqlite", "postgresql")
 FreshUrl = Callable[..., str]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist with `--dist loadgroup` (the test command), the slow tests (real
+    processes, measured deadlines and memory, the chaos run's own PostgreSQL) run one after
+    another in one worker, as they would alone, while the other workers share the rest."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 def _libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
