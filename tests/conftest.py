@@ -135,6 +135,21 @@ def postgres_storage(tmp_path: Path, postgres_admin: psycopg.Connection) -> Iter
     made.drop()
 
 
+@contextmanager
+def table_locked(
+    admin: psycopg.Connection, url: str, table: str = "telegram_updates"
+) -> Iterator[None]:
+    """Another session holds the table of `url` (a PostgreSQL test schema) ACCESS EXCLUSIVE
+    until the block ends: every statement on it waits."""
+    schema = make_url(url).query["options"].removeprefix("-csearch_path=")
+    with psycopg.connect(admin.info.dsn) as locker:
+        locker.execute(f"LOCK TABLE {schema}.{table} IN ACCESS EXCLUSIVE MODE")
+        try:
+            yield
+        finally:
+            locker.rollback()
+
+
 def table_rows(url: str, *columns: str, table: str = "telegram_updates") -> list[tuple[Any, ...]]:
     """The table's rows, these columns, in key order (read with a plain synchronous engine)."""
     engine = create_sync_engine(url)

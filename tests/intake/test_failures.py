@@ -9,7 +9,7 @@ import httpx
 import psycopg
 from sqlalchemy.engine import make_url
 
-from tests.conftest import Storage, table_rows
+from tests.conftest import Storage, table_locked, table_rows
 from tests.intake.conftest import intake_on, post
 
 
@@ -73,9 +73,7 @@ async def test_each_request_is_answered_within_its_budget_while_the_table_is_loc
 ) -> None:
     intake = intake_on(postgres_storage)
     async with intake(commit_timeout_ms=1000) as (base, db):
-        schema = make_url(db).query["options"].removeprefix("-csearch_path=")
-        with psycopg.connect(postgres_admin.info.dsn, autocommit=False) as locker:
-            locker.execute(f"LOCK TABLE {schema}.telegram_updates IN ACCESS EXCLUSIVE MODE")
+        with table_locked(postgres_admin, db):
             every = httpx.Limits(max_connections=None)  # no request queues in the client
             async with httpx.AsyncClient(timeout=30, limits=every) as client:
 
@@ -86,7 +84,6 @@ async def test_each_request_is_answered_within_its_budget_while_the_table_is_loc
                     return response.status_code, asyncio.get_running_loop().time() - began
 
                 answers = await asyncio.gather(*(timed(n) for n in range(1, 61)))
-            locker.rollback()
         async with httpx.AsyncClient(timeout=30) as client:
             after = await post(client, base, '{"update_id": 1000}')
     assert {status for status, _ in answers} == {503}

@@ -17,9 +17,8 @@ import httpx
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy.engine import make_url
 
-from tests.conftest import Storage
+from tests.conftest import Storage, table_locked
 from tests.hostile.campaign import API_KEY, WEBHOOK, start_target
 
 pytestmark = pytest.mark.slow  # a 20-second lock, a real process
@@ -68,7 +67,6 @@ async def test_a_locked_table_costs_each_request_its_budget_and_bounded_memory(
     postgres_storage: Storage, postgres_admin: psycopg.Connection, tmp_path: Path
 ) -> None:
     url = postgres_storage.url()
-    schema = make_url(url).query["options"].removeprefix("-csearch_path=")
     target = start_target(tmp_path, url, commit_timeout_ms=BUDGET_MS)
     try:
         before = target.rss_kib()
@@ -82,11 +80,9 @@ async def test_a_locked_table_costs_each_request_its_budget_and_bounded_memory(
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        with psycopg.connect(postgres_admin.info.dsn) as locker:
-            locker.execute(f"LOCK TABLE {schema}.telegram_updates IN ACCESS EXCLUSIVE MODE")
+        with table_locked(postgres_admin, url):
             answers = await _post_all(target.base)
             await asyncio.sleep(max(0.0, LOCK_SECONDS - POSTS / RATE))
-            locker.rollback()
         await asyncio.sleep(3)  # the hung insert ends; what it held is released
         stop.set()
         sampler.join()

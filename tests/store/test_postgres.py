@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from app.store import ClaimIdentity, SqlUpdateStore, StoreUnavailable, open_store
-from tests.conftest import Storage
+from tests.conftest import Storage, table_locked
 
 
 def _now() -> int:
@@ -209,16 +209,13 @@ async def test_a_statement_waiting_past_the_lock_timeout_is_store_unavailable(
     postgres_storage: Storage, postgres_admin: psycopg.Connection
 ) -> None:
     url = postgres_storage.url()
-    schema = make_url(url).query["options"].removeprefix("-csearch_path=")
     store = await open_store(url, lock_timeout_ms=300, statement_timeout_ms=10_000)
     try:
-        with psycopg.connect(postgres_admin.info.dsn) as locker:
-            locker.execute(f"LOCK TABLE {schema}.telegram_updates IN ACCESS EXCLUSIVE MODE")
+        with table_locked(postgres_admin, url):
             began = time.monotonic()
             with pytest.raises(StoreUnavailable, match="did not answer in time"):
                 await store.add("shop", 1, '{"update_id": 1}', _now())
             waited = time.monotonic() - began
-            locker.rollback()
         assert waited < 3  # the lock timeout, not the lock's holder, ended the wait
         assert await store.add("shop", 1, '{"update_id": 1}', _now()) is True  # and then works
     finally:
