@@ -7,6 +7,7 @@ import sqlite3
 
 import httpx
 import psycopg
+import pytest
 from sqlalchemy.engine import make_url
 
 from tests.conftest import Storage, table_locked, table_rows
@@ -68,6 +69,7 @@ async def test_a_commit_over_its_budget_is_503_and_the_next_one_succeeds(
     assert rows == [(1,), (2,)]
 
 
+@pytest.mark.slow  # timed by the client in this process: run with the slow tests, one at a time
 async def test_each_request_is_answered_within_its_budget_while_the_table_is_locked(
     postgres_storage: Storage, postgres_admin: psycopg.Connection
 ) -> None:
