@@ -122,6 +122,7 @@ class IntakeMeters:
 
     requests: Mapping[IntakeResult, Counter]
     duration: Histogram
+    commit_wait: Histogram
 
     def answered(self, result: IntakeResult, seconds: float) -> None:
         self.requests[result].inc()
@@ -161,6 +162,14 @@ class Metrics:
         self._request_duration = Histogram(
             PREFIX + "webhook_request_duration_seconds",
             "Webhook requests, from the route's start to its answer (the commit included).",
+            ["bot"],
+            registry=registry,
+            buckets=WEBHOOK_BUCKETS,
+        )
+        self._commit_wait = Histogram(
+            PREFIX + "webhook_commit_wait_seconds",
+            "Valid webhook updates, from the body's arrival to the commit's answer (committed or"
+            " not): what INTAKE_COMMIT_TIMEOUT_MS bounds.",
             ["bot"],
             registry=registry,
             buckets=WEBHOOK_BUCKETS,
@@ -229,6 +238,7 @@ class Metrics:
         return IntakeMeters(
             _bound(self._requests, bot, get_args(IntakeResult)),
             self._request_duration.labels(bot),
+            self._commit_wait.labels(bot),
         )
 
     def connection_closed(self, reason: CloseReason) -> None:

@@ -157,6 +157,7 @@ async def test_webhook_requests_are_counted_by_bot_and_result(storage: Storage) 
     assert scrape("webhook_request_duration_seconds_count", bot="shop") == 5
     assert scrape("webhook_request_duration_seconds_count", bot="(unknown)") == 1
     assert 0 < scrape("webhook_request_duration_seconds_sum", bot="shop") < 5
+    assert scrape("webhook_commit_wait_seconds_count", bot="shop") == 2  # accepted, duplicate
     assert scrape("database_up") == 1
     assert_rows_match_table(scrape, url, ("shop", "news"))
     assert scrape("rows", bot="shop", state="pending") == 1

@@ -11,7 +11,8 @@ Checks run in this order, and nothing invalid is ever stored:
 6. otherwise the row is recorded (group commit) and 200 is sent after the commit; a
    duplicate is 200 too and changes nothing; no commit confirmed in time -> 503 + Retry-After.
 
-Each answer is counted by bot and result, with its latency (`app.metrics`).
+Each answer is counted by bot and result, with its latency and, for a valid update, its wait
+for the commit (`app.metrics`).
 """
 
 from __future__ import annotations
@@ -81,11 +82,14 @@ class Intake:
 
     async def receive(self, bot: str, request: Request) -> Response:
         started = time.perf_counter()
-        result, response = await self._receive(bot, request)
-        self._meters.get(bot, self._unknown).answered(result, time.perf_counter() - started)
+        meters = self._meters.get(bot, self._unknown)
+        result, response = await self._receive(bot, request, meters)
+        meters.answered(result, time.perf_counter() - started)
         return response
 
-    async def _receive(self, bot: str, request: Request) -> tuple[IntakeResult, Response]:
+    async def _receive(
+        self, bot: str, request: Request, meters: IntakeMeters
+    ) -> tuple[IntakeResult, Response]:
         received_at = self._now()
         expected = self._secrets.get(bot)
         given = request.headers.get(SECRET_HEADER, "").encode()
@@ -115,10 +119,13 @@ class Intake:
         row = NewUpdate(bot, update["update_id"], text, received_at, update_type, queue_key)
         # While it waits for the commit, a request holds its row's text and nothing more.
         del body, update
+        arrived = time.perf_counter()
         try:
             new = await self._committer.submit(row)
         except CommitFailed:
             return "unavailable", self._unavailable
+        finally:
+            meters.commit_wait.observe(time.perf_counter() - arrived)
         if log.isEnabledFor(logging.DEBUG):
             state = "recorded" if new else "a duplicate, already recorded"
             log.debug("%s:%d: %s (%s, queue %s)", bot, row.update_id, state, update_type, queue_key)

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from app.config import BotSettings, Settings
@@ -65,3 +66,18 @@ def post(
         headers["x-telegram-bot-api-secret-token"] = secret
     content = body.encode() if isinstance(body, str) else body
     return client.post(f"{base}/telegram/{bot}", content=content, headers=headers, **options)
+
+
+def commit_waits_within(exposition: str, bot: str) -> dict[float, int]:
+    """From a /metrics page: how many of `bot`'s updates had their commit's answer (committed or
+    not) within each bucket bound, by the server's own clock from each body's arrival. The
+    client's clock would count the time it took to send each body too, and on a loaded machine
+    that is seconds."""
+    family = "telegram_intake_webhook_commit_wait_seconds"
+    return {
+        float(sample.labels["le"]): int(sample.value)
+        for metrics in text_string_to_metric_families(exposition)
+        if metrics.name == family
+        for sample in metrics.samples
+        if sample.name.endswith("_bucket") and sample.labels["bot"] == bot
+    }
