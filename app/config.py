@@ -206,6 +206,12 @@ class Settings(BaseSettings, BotOptions):
     # PostgreSQL: no statement of the service waits longer than these (0: no limit).
     statement_timeout_ms: int = Field(30_000, ge=0, le=3_600_000)
     lock_timeout_ms: int = Field(5_000, ge=0, le=3_600_000)
+    # The URL is PgBouncer in transaction pooling mode: no prepared statements, no session
+    # settings (the timeouts are the role's), LISTEN only through a direct URL.
+    database_pgbouncer: bool = False
+    # A direct (session) URL to the same database, for the wake-ups' LISTEN only; None: the
+    # database URL, or polling behind PgBouncer.
+    listen_database_url: str | None = Field(None, repr=False)  # may hold a password
     table: str = DEFAULT_TABLE
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -275,6 +281,22 @@ class Settings(BaseSettings, BotOptions):
     @classmethod
     def _normalise_database_url(cls, value: str) -> str:
         return normalise_url(value).render_as_string(hide_password=False)
+
+    @field_validator("listen_database_url")
+    @classmethod
+    def _normalise_listen_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        url = normalise_url(value)
+        if url.get_backend_name() != "postgresql":
+            raise ValueError("must be a postgresql URL: LISTEN is PostgreSQL's")
+        return url.render_as_string(hide_password=False)
+
+    @model_validator(mode="after")
+    def _pgbouncer_is_postgresql(self) -> Settings:
+        if self.database_pgbouncer and not self.database_url.startswith("postgresql"):
+            raise ValueError("database_pgbouncer: the database URL is not PostgreSQL")
+        return self
 
     @field_validator("table")
     @classmethod

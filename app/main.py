@@ -47,6 +47,8 @@ def create_app(
                 table=settings.table,
                 statement_timeout_ms=settings.statement_timeout_ms,
                 lock_timeout_ms=settings.lock_timeout_ms,
+                pgbouncer=settings.database_pgbouncer,
+                listen_url=settings.listen_database_url,
             )
             stack.push_async_callback(store.close)
             check_capability(settings, store)

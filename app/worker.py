@@ -38,6 +38,8 @@ async def run_worker(settings: Settings) -> None:
         table=settings.table,
         statement_timeout_ms=settings.statement_timeout_ms,
         lock_timeout_ms=settings.lock_timeout_ms,
+        pgbouncer=settings.database_pgbouncer,
+        listen_url=settings.listen_database_url,
     )
     metrics = Metrics.of(settings)
     try:

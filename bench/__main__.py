@@ -7,10 +7,11 @@ import asyncio
 import os
 from pathlib import Path
 
-from bench import api, client, dispatch, intake, plans, reader, store
+from bench import api, claims, client, dispatch, intake, plans, reader, store
 
 BENCHMARKS = {
     "store": store.main,
+    "claims": claims.main,
     "plans": plans.main,
     "intake": intake.main,
     "client": client.main,

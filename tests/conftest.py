@@ -26,6 +26,7 @@ from app.http.server import ConnectionLimits, server_config
 from app.store.engine import create_sync_engine
 from app.store.migrate import upgrade
 from app.store.sqlite import SQLITE_BEGIN
+from tests.pgbouncer import BouncedStorage, PgBouncer, running_pgbouncer
 
 POSTGRES_URL = os.environ.get(
     "INTAKE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -131,6 +132,26 @@ def sqlite_storage(tmp_path: Path) -> Storage:
 @pytest.fixture
 def postgres_storage(tmp_path: Path, postgres_admin: psycopg.Connection) -> Iterator[Storage]:
     made = Storage("postgresql", tmp_path, postgres_admin)
+    yield made
+    made.drop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_admin: psycopg.Connection) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction pooling mode in front of the test server, for the session
+    (tests/pgbouncer.py). Without the binary: a failure under CI, a skip elsewhere."""
+    server = make_url(POSTGRES_URL)
+    host, port, user = server.host or "127.0.0.1", server.port or 5432, server.username
+    with running_pgbouncer(host, port, user=user or "postgres") as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def pgbouncer_storage(
+    pgbouncer: PgBouncer, postgres_admin: psycopg.Connection
+) -> Iterator[BouncedStorage]:
+    """Fresh databases on the test server, reached through `pgbouncer`."""
+    made = BouncedStorage(pgbouncer, POSTGRES_URL, postgres_admin)
     yield made
     made.drop()
 

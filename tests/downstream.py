@@ -173,7 +173,12 @@ async def dispatching(
     """A dispatcher with a store of its own, as a worker process would have; on `clock` when
     given, the real monotonic clock otherwise."""
     monotonic_ns = time.monotonic_ns if clock is None else clock.monotonic_ns
-    store = await open_store(settings.database_url, table=settings.table)
+    store = await open_store(
+        settings.database_url,
+        table=settings.table,
+        pgbouncer=settings.database_pgbouncer,
+        listen_url=settings.listen_database_url,
+    )
     try:
         async with running_dispatcher(store, settings, monotonic_ns=monotonic_ns) as dispatcher:
             yield dispatcher, store

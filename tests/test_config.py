@@ -293,3 +293,30 @@ def test_invalid_api_keys_name_the_problem_and_never_the_key(
     message = describe(raised.value)
     assert field in message
     assert "0123456789" not in message + str(raised.value)
+
+
+def test_behind_pgbouncer_the_listen_url_is_normalised_and_kept_out_of_repr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("INTAKE_DATABASE_URL", "postgresql://app@pgbouncer:6432/intake")
+    monkeypatch.setenv("INTAKE_DATABASE_PGBOUNCER", "true")
+    monkeypatch.setenv("INTAKE_LISTEN_DATABASE_URL", "postgres://app:hunter2-pw@db/intake")
+    settings = Settings()
+    assert settings.database_pgbouncer is True
+    assert settings.listen_database_url == "postgresql+psycopg://app:hunter2-pw@db/intake"
+    assert "hunter2-pw" not in repr(settings)
+    monkeypatch.delenv("INTAKE_DATABASE_PGBOUNCER")
+    assert Settings().database_pgbouncer is False
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"database_pgbouncer": True}, "database_pgbouncer"),  # the default SQLite file
+        ({"listen_database_url": "sqlite:///var/x.db"}, "listen_database_url"),
+    ],
+)
+def test_pgbouncer_settings_need_postgresql(options: dict[str, object], field: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        Settings(**options)  # type: ignore[arg-type]
+    assert field in describe(raised.value)

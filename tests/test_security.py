@@ -29,6 +29,7 @@ REVIEWED = {
     ("alembic/versions/0002_claim_fence.py", "upgrade"): "the table name, which "
     "make_metadata validated (validate.table_name) in alembic/env.py before any revision ran",
     ("alembic/versions/0002_claim_fence.py", "downgrade"): "the same validated table name",
+    ("alembic/versions/0003_budget_and_delivery.py", "upgrade"): "the same validated table name",
 }
 
 

@@ -55,6 +55,7 @@ async def _with_store(settings: Settings) -> DurableUpdateStore:
         pool_size=2,
         statement_timeout_ms=settings.statement_timeout_ms,
         lock_timeout_ms=settings.lock_timeout_ms,
+        pgbouncer=settings.database_pgbouncer,
     )
 
 

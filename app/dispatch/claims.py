@@ -162,7 +162,8 @@ class ClaimLoop:
             if attempt is not None:
                 identity = ClaimIdentity(row.bot, row.update_id, attempt, PLAIN_CLAIM)
                 received_at = now if row.received_at is None else row.received_at
-                claimed = Claimed(identity, row.body, row.update_type, None, received_at)
+                # The base claim reports no budget: a plain bot's attempts all count.
+                claimed = Claimed(identity, row.body, row.update_type, None, received_at, attempt)
                 self.start(lane, claimed, lease_until, now).probe = lane.breaker.started(1)
                 started += 1
         return started

@@ -39,6 +39,8 @@ from app.metrics import Metrics
 from app.store import DurableUpdateStore, StoreError
 
 log = logging.getLogger(__name__)
+# After the grace period, how long a stop waits at most for hand-backs and the last settles.
+STOP_BOUND_SECONDS = 5.0
 
 
 class Dispatcher:
@@ -187,7 +189,10 @@ class Dispatcher:
         return self._liveness.problems(tasks)
 
     async def stop(self) -> None:
-        """Stop claiming, give attempts the grace period, hand the rest back, stop."""
+        """Stop claiming, give attempts the grace period, hand the rest back, stop. However
+        the database behaves, this returns within the grace period plus STOP_BOUND_SECONDS:
+        what has not settled by then is left to its lease, which lapses, and another process
+        retakes the update (nothing is lost, it is delivered again)."""
         self._stopping = True
         self._claims.stop()
         if self._claim_loop is not None:
@@ -201,11 +206,28 @@ class Dispatcher:
             attempt.handed_back = True
             assert attempt.task is not None
             attempt.task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._settler.stop()
-        if handed_back:
-            with contextlib.suppress(StoreError):
-                await self._store.announce()  # other processes take them over at once
+        bound = asyncio.get_running_loop().time() + STOP_BOUND_SECONDS
+        if tasks:
+            _, unsettled = await asyncio.wait(tasks, timeout=STOP_BOUND_SECONDS)
+            if unsettled:
+                log.warning(
+                    "%d attempts did not settle within %.0f s of the grace period (the database"
+                    " did not answer): their leases lapse and other processes retake them",
+                    len(unsettled),
+                    STOP_BOUND_SECONDS,
+                )
+                for task in unsettled:
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            async with asyncio.timeout_at(bound):
+                await self._settler.stop()
+                if handed_back:
+                    with contextlib.suppress(StoreError):
+                        await self._store.announce()  # other processes take them over at once
+        except TimeoutError:
+            if self._settler.task is not None:
+                self._settler.task.cancel()
         self._retries.cancel()
         for job in self._background.values():
             job.cancel()

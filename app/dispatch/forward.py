@@ -1,10 +1,13 @@
 """Forwarding one attempt to the bot's own handler (SPEC section 6).
 
 The body is the stored raw update, byte for byte. Headers carry the attempt's full identity
-(`X-Intake-*`), the downstream secret under Telegram's own header name (so an unmodified
-aiogram, python-telegram-bot, grammY or Telegraf webhook handler accepts the request), and a
-Standard Webhooks signature when the bot has a `signing_secret`. A `plain` bot forwards the
-bare update: no identity, as a table at revision 0001 has none.
+(`X-Intake-*`) and when the update was recorded (`X-Intake-Received-At`: with the attempt,
+the fencing token of `app.kit.fence`), the downstream secret under Telegram's own header
+name (so an unmodified aiogram, python-telegram-bot, grammY or Telegraf webhook handler
+accepts the request), and a Standard Webhooks signature when the bot has a `signing_secret`:
+`webhook-signature` over the body, `X-Intake-Identity-Signature` over the identity and the
+recording time. A `plain` bot forwards the bare update: no identity, as a table at revision
+0001 has none.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from standardwebhooks import Webhook
 
 from app.config import BotSettings
 from app.dispatch.transport import AiohttpTransport
+from app.kit.forwarded import IDENTITY_SIGNATURE_HEADER, RECEIVED_AT_HEADER, identity_message
 from app.policy import Outcome, classify, classify_error
 from app.store import ClaimIdentity
 
@@ -42,16 +46,31 @@ class Downstream:
         )
         self._timeout = httpx.Timeout(bot.forward_timeout_seconds).as_dict()
 
-    async def forward(self, identity: ClaimIdentity, body: str, lease_until: int) -> Outcome:
-        """POST one attempt; what its answer means. Never raises for the downstream's sake."""
+    async def forward(
+        self,
+        identity: ClaimIdentity,
+        body: str,
+        lease_until: int,
+        *,
+        received_at: int | None = None,
+    ) -> Outcome:
+        """POST one attempt; what its answer means. Never raises for the downstream's sake.
+        `received_at` is the recording's (the claimed row's); without it the request carries
+        no fencing token."""
         headers = dict(self._headers)
-        if self.bot.mode != "plain":
+        fenced = self.bot.mode != "plain"
+        if fenced:
             headers["x-intake-bot"] = identity.bot
             headers["x-intake-update-id"] = str(identity.update_id)
             headers["x-intake-attempt"] = str(identity.attempt)
             headers["x-intake-claim-id"] = identity.claim_id
             headers["x-intake-lease-expires-at"] = str(lease_until)
-        self._sign(headers, f"{identity.bot}:{identity.update_id}", body)
+            if received_at is not None:
+                headers[RECEIVED_AT_HEADER] = str(received_at)
+        timestamp = self._sign(headers, f"{identity.bot}:{identity.update_id}", body)
+        if fenced and received_at is not None and self._signer is not None:
+            signed = identity_message(identity, received_at)
+            headers[IDENTITY_SIGNATURE_HEADER] = self._signer.sign(signed, timestamp, "")
         return await self._post(self._url, headers, body)
 
     async def deliver_exhaustion(self, identity: ClaimIdentity, payload: str) -> Outcome:
@@ -64,13 +83,14 @@ class Downstream:
         self._sign(headers, f"exhaustion:{key}", payload)
         return await self._post(self._exhaustion_url, headers, payload)
 
-    def _sign(self, headers: dict[str, str], message_id: str, body: str) -> None:
-        if self._signer is None:
-            return
+    def _sign(self, headers: dict[str, str], message_id: str, body: str) -> datetime:
+        """Sign the message when the bot has a signing secret; the timestamp either way."""
         timestamp = datetime.now(tz=UTC)
-        headers["webhook-id"] = message_id
-        headers["webhook-timestamp"] = str(int(timestamp.timestamp()))
-        headers["webhook-signature"] = self._signer.sign(message_id, timestamp, body)
+        if self._signer is not None:
+            headers["webhook-id"] = message_id
+            headers["webhook-timestamp"] = str(int(timestamp.timestamp()))
+            headers["webhook-signature"] = self._signer.sign(message_id, timestamp, body)
+        return timestamp
 
     async def _post(self, url: httpx.URL, headers: dict[str, str], body: str) -> Outcome:
         # httpx's Request and Response, sent by the transport itself: AsyncClient's machinery

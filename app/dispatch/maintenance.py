@@ -1,9 +1,11 @@
 """Background upkeep beside the dispatcher: delivering exhaustions, pruning settled rows.
 
 Exhaustions (durable bots) are delivered to the bot's `exhaustion_url` and acknowledged on a
-2xx. Each sweep pages through every open exhaustion with the `(bot, update_id)` cursor, so a
-restart recovers them all and a row whose delivery keeps failing is passed over until its
-next try, never holding back the rows after it.
+2xx. Each delivery first takes its exhaustion under a lease in the database
+(`take_exhaustions`), so across every process each exhaustion is delivered once while none
+dies, and again only after a lease lapses (at least once). A failed delivery's backoff is
+kept in the row (`delivery_failed`), so a restart does not reset it, and a sweep reads only
+the rows due now.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
 from app.logs import AttemptLog
 from app.metrics import AttemptMeters
-from app.store import ClaimIdentity, DurableUpdateStore, Exhaustion, StoreError
+from app.store import DurableUpdateStore, Exhaustion, StoreError
 
 log = logging.getLogger(__name__)
 
-PAGE = 100
-CONCURRENCY = 16
+CONCURRENCY = 16  # deliveries at once, and the exhaustions one take leases
 MAX_RETRY_SECONDS = 3600.0
 MIN_SWEEP_SECONDS = 1.0
+LEASE_MARGIN_SECONDS = 30.0
 
 
 def exhaustion_payload(exhaustion: Exhaustion) -> str:
@@ -58,12 +60,13 @@ class ExhaustionDelivery:
         self._store = store
         self._clock = clock
         self._downstreams = downstreams
+        self._bots = sorted(downstreams)
         self._deliveries = {bot: meters[bot].exhaustion_deliveries for bot in downstreams}
         self._retry = retry_seconds
+        # A delivery holds its exhaustion for the longest request it may make, and a margin.
+        longest = max(d.bot.forward_timeout_seconds for d in downstreams.values())
+        self._lease_ms = int((longest + LEASE_MARGIN_SECONDS) * 1000)
         self._wake = asyncio.Event()
-        self._gate = asyncio.Semaphore(CONCURRENCY)
-        # Identity -> (failures so far, monotonic time of the next try).
-        self._failing: dict[ClaimIdentity, tuple[int, float]] = {}
 
     def wake(self) -> None:
         self._wake.set()
@@ -78,47 +81,42 @@ class ExhaustionDelivery:
                 log.warning("exhaustion delivery: %s", error)
             except Exception:  # a bug must not end delivery for the life of the process
                 log.exception("exhaustion delivery failed")
-            # A sweep reads every open exhaustion: in a storm of new ones, one a second.
+            # In a storm of new exhaustions, one sweep a second.
             await asyncio.sleep(max(0.0, MIN_SWEEP_SECONDS - (time.monotonic() - began)))
             await wait_or_timeout(self._wake, self._retry)
 
     async def sweep(self) -> int:
-        """One pass over every open exhaustion; how many were delivered and acknowledged."""
-        bots = sorted(self._downstreams)
-        after: tuple[str, int] | None = None
-        seen: set[ClaimIdentity] = set()
+        """Deliver every open exhaustion due now, CONCURRENCY at a time, each taken under its
+        delivery lease; how many were delivered and acknowledged."""
         delivered = 0
         while True:
-            page = await self._store.due_exhaustions(limit=PAGE, after=after, bots=bots)
-            seen.update(exhaustion.identity for exhaustion in page)
-            now = time.monotonic()
-            due = [e for e in page if self._failing.get(e.identity, (0, now))[1] <= now]
-            results = await asyncio.gather(*(self._deliver(e) for e in due), return_exceptions=True)
+            now = self._clock.now()
+            taken = await self._store.take_exhaustions(
+                now=now, lease_until=now + self._lease_ms, limit=CONCURRENCY, bots=self._bots
+            )
+            results = await asyncio.gather(
+                *(self._deliver(e) for e in taken), return_exceptions=True
+            )
             for result in results:
                 if isinstance(result, BaseException):
-                    raise result  # after every delivery of the page has ended
+                    raise result  # after every delivery of the round has ended
             delivered += sum(1 for result in results if result)
-            if len(page) < PAGE:
-                break
-            after = (page[-1].identity.bot, page[-1].identity.update_id)
-        self._failing = {key: value for key, value in self._failing.items() if key in seen}
-        return delivered
+            # A failed delivery is due later and a taken one is leased: neither comes back.
+            if len(taken) < CONCURRENCY:
+                return delivered
 
     async def _deliver(self, exhaustion: Exhaustion) -> bool:
         identity = exhaustion.identity
-        async with self._gate:
-            downstream = self._downstreams[identity.bot]
-            outcome = await downstream.deliver_exhaustion(identity, exhaustion_payload(exhaustion))
+        downstream = self._downstreams[identity.bot]
+        outcome = await downstream.deliver_exhaustion(identity, exhaustion_payload(exhaustion))
         if outcome.kind not in ("completed", "deferred"):  # any 2xx
             self._deliveries[identity.bot]["failed"].inc()
-            failures = self._failing.get(identity, (0, 0.0))[0] + 1
-            pause = min(self._retry * 2 ** min(failures - 1, 20), MAX_RETRY_SECONDS)
-            self._failing[identity] = (failures, time.monotonic() + pause)
+            pause = min(self._retry * 2 ** min(exhaustion.deliveries, 20), MAX_RETRY_SECONDS)
+            await self._store.delivery_failed(exhaustion, self._clock.now() + int(pause * 1000))
             AttemptLog.of(log, identity).warning(
                 "exhaustion not delivered (%s); next try in %.0f s", outcome.error, pause
             )
             return False
-        self._failing.pop(identity, None)
         self._deliveries[identity.bot]["delivered"].inc()
         return await self._store.acknowledge_exhaustion(identity, self._clock.now())
 

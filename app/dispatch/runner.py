@@ -9,7 +9,7 @@ write is retried while the database is unavailable and the lease still holds.
 A refused settle or exhaustion is the owner-lost signal (`lost`, which the lease keeper
 raises too): the request is cancelled, nothing is settled, and a late answer is ignored. An
 attempt cancelled because the dispatcher is stopping is handed back: a fenced settle that
-makes it due at once, so another process retakes it.
+makes it due at once, so another process retakes it, and spends none of its budget.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from app.store import (
     Completed,
     DurableUpdateStore,
     Failed,
+    HandedBack,
     Settlement,
     StoreError,
     StoreUnavailable,
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 Result = TypeVar("Result")
 
 EXPIRED = "expired"
-HANDED_BACK = "handed back: the worker was shutting down"
 LOST_BECAUSE: dict[LostReason, str] = {
     "renewal_refused": "renewal refused",
     "lease_ran_out": "its lease ran out unrenewed",
@@ -87,14 +87,16 @@ class AttemptRunner:
             started = time.perf_counter()
             try:
                 outcome = await lane.downstream.forward(
-                    attempt.identity, attempt.claimed.body, attempt.lease_until
+                    attempt.identity,
+                    attempt.claimed.body,
+                    attempt.lease_until,
+                    received_at=attempt.claimed.received_at,
                 )
             except asyncio.CancelledError:
                 if attempt.handed_back:
                     attempt.forwarding = False
                     attempt.outcome = "handed_back"
-                    now = self._clock.now()
-                    await self._settle(attempt, Failed(now, now, HANDED_BACK))
+                    await self._settle(attempt, HandedBack(self._clock.now()))
                     return
                 if attempt.lost:
                     return  # owner lost: nothing to settle, and no answer to wait for
@@ -149,11 +151,11 @@ class AttemptRunner:
             AttemptLog.of(log, attempt.identity).debug("deferred, the downstream settles it")
         elif outcome.kind == "terminal":
             await self._end(attempt, "terminal", outcome.error or "terminal")
-        elif attempt.identity.attempt >= bot.max_attempts:
+        elif attempt.claimed.counted >= bot.max_attempts:
             await self._end(attempt, "spent", f"attempts spent; last: {outcome.error}")
         else:
             retry_at = now + retry_delay_ms(
-                bot, attempt.identity.attempt, outcome, jitter=self._jitter
+                bot, attempt.claimed.counted, outcome, jitter=self._jitter
             )
             expires_at = attempt.expires_at
             if expires_at is not None and retry_at > expires_at:

@@ -5,6 +5,10 @@ means it had lost its claim: a rival holds the update, or the lease lapsed; neve
 and whether its chat has a later update waiting that may be claimable now.
 On PostgreSQL the batch is one `UPDATE ... FROM unnest(...)` matching all four identity
 fields (about ten times the rate of one statement a row); on SQLite one transaction.
+
+A row another transaction holds locked is skipped by the batch (the store answers None for
+it) and settled on its own, beside the flusher: only its own attempt waits for the lock, never
+the batches of every other attempt.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ class Settler(Batcher[Item, Settled]):
     def __init__(self, store: DurableUpdateStore, *, max_batch: int = 256) -> None:
         super().__init__(max_batch=max_batch)
         self._store = store
+        self._alone: set[asyncio.Task[None]] = set()  # settles of rows that were locked
+
+    async def stop(self) -> None:
+        await super().stop()
+        await asyncio.gather(*self._alone, return_exceptions=True)
 
     async def _flush(self, batch: list[tuple[Item, asyncio.Future[Settled]]]) -> None:
         # A key may appear once per statement; a second settle of the same key (a reclaim by
@@ -47,9 +56,24 @@ class Settler(Batcher[Item, Settled]):
         except Exception as error:
             self._fail(now, error)
         else:
-            for ((identity, _), future), settled in zip(now, results, strict=True):
-                if not future.done():
-                    key = (identity.bot, identity.update_id)
+            for (item, future), settled in zip(now, results, strict=True):
+                if settled is None:
+                    task = asyncio.create_task(self._settle_alone(item, future))
+                    self._alone.add(task)
+                    task.add_done_callback(self._alone.discard)
+                elif not future.done():
+                    key = (item[0].bot, item[0].update_id)
                     future.set_result(Settled(settled, key in waiting))
         if later:
             await self._flush(later)
+
+    async def _settle_alone(self, item: Item, future: asyncio.Future[Settled]) -> None:
+        """One settle that waits for its locked row (as long as the store's lock timeout)."""
+        try:
+            took_effect = await self._store.settle_owned(*item)
+        except Exception as error:
+            if not future.done():
+                future.set_exception(error)
+        else:
+            if not future.done():  # whether its chat waits is unknown: look (a superset)
+                future.set_result(Settled(took_effect, unblocks=took_effect))

@@ -1,22 +1,27 @@
 """The downstream kit: what a bot's own service needs behind telegram-intake.
 
 - `read_forwarded(headers, body, signing_secret=..., secret_token=...)` verifies a forwarded
-  request and returns its update and attempt identity (`Forwarded`), or raises `Rejected`;
+  request and returns its update, attempt identity and fencing token (`Forwarded`), or
+  raises `Rejected`;
 - `IntakeClient(base_url, api_key)` calls the callback API: `owns`, `renew`, `settle`,
   `acknowledge`;
 - `Identity` and the other messages of the callback API (`app.kit.wire`).
 
-It needs only httpx and pydantic (the service's own dependencies stay out of it). Where the
-downstream shares the service's database, `app.store.fencing` checks ownership inside the
-domain write's own transaction instead of over HTTP.
+It needs only httpx and pydantic (the service's own dependencies stay out of it). `owns` over
+HTTP is check-then-act, a hint: a reclaim can pass between its answer and the write. The
+guarantee for a downstream with a database of its own is `app.kit.fence` (which needs
+SQLAlchemy, and is not imported here): the fencing token, checked and recorded in the
+domain write's own transaction. A downstream that shares the service's database uses
+`app.store.fencing` instead, which holds the claim itself until the write commits.
 """
 
 from app.kit.client import CallbackError, IntakeClient
-from app.kit.forwarded import Forwarded, Rejected, read_forwarded, sign
+from app.kit.forwarded import FenceToken, Forwarded, Rejected, read_forwarded, sign
 from app.kit.wire import Identity, Owned, Renewed, Settled
 
 __all__ = [
     "CallbackError",
+    "FenceToken",
     "Forwarded",
     "Identity",
     "IntakeClient",

@@ -9,6 +9,12 @@ headers (or, for a plain bot, that `webhook-id` names the body's update), so a s
 cannot be replayed for another update, nor another signed message (an exhaustion record) pass
 for an update. The signing is the Standard Webhooks scheme, written here on `hmac` so the
 kit needs no more than pydantic; tests check it against the `standardwebhooks` package.
+
+The identity headers and `X-Intake-Received-At` are signed too, by
+`X-Intake-Identity-Signature` (the same scheme over `identity_message`, at the same
+`webhook-timestamp`): together they are the attempt's fencing token (`FenceToken`), which
+`app.kit.fence` records in the downstream's own database, so nobody who can alter headers
+in flight can advance a stale attempt's token.
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from app.kit.wire import BOT_PATTERN, Identity
+from app.kit.wire import BOT_PATTERN, MAX_BIGINT, Identity
 
 DEFAULT_TOLERANCE_SECONDS = 300.0
+IDENTITY_SIGNATURE_HEADER = "x-intake-identity-signature"
+RECEIVED_AT_HEADER = "x-intake-received-at"
 _IDENTITY_HEADERS = {
     "bot": "x-intake-bot",
     "update_id": "x-intake-update-id",
@@ -42,18 +50,46 @@ class Rejected(Exception):
 
 
 @dataclass(frozen=True)
+class FenceToken:
+    """What orders the attempts of one update for `app.kit.fence`: `(received_at, attempt)`.
+
+    The attempt number grows with every claim of a recording; `received_at` (when the
+    service recorded the update, epoch ms) grows from one recording to the next, since a row
+    is pruned only `retention_seconds` after it settled. So a pruned and re-recorded update,
+    whose attempts restart at 1, still orders after every attempt of its earlier recording.
+    Two tokens equal in both are the same attempt only with the same `claim_id`."""
+
+    identity: Identity
+    received_at: int
+
+    def __post_init__(self) -> None:
+        if type(self.received_at) is not int or not 0 <= self.received_at <= MAX_BIGINT:
+            raise ValueError(f"received_at must be epoch milliseconds, not {self.received_at!r}")
+
+
+@dataclass(frozen=True)
 class Forwarded:
     """One verified attempt. `identity` is None for a `plain` bot, which forwards the bare
-    update; `update` is the parsed body, `body` the bytes as received."""
+    update; `update` is the parsed body, `body` the bytes as received; `received_at` is when
+    the service recorded the update (None from a service that does not send it)."""
 
     identity: Identity | None
     lease_expires_at: int | None
     update: dict[str, Any]
     body: bytes
+    received_at: int | None = None
 
     @property
     def update_id(self) -> int:
         return int(self.update["update_id"])
+
+    @property
+    def fence_token(self) -> FenceToken | None:
+        """The attempt's fencing token (`app.kit.fence`); None for a plain bot, or without
+        `X-Intake-Received-At`: such a request cannot pass a fence."""
+        if self.identity is None or self.received_at is None:
+            return None
+        return FenceToken(self.identity, self.received_at)
 
 
 def signing_key(secret: str) -> bytes:
@@ -69,6 +105,29 @@ def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     signed = f"{message_id}.{timestamp}.".encode() + body
     digest = hmac.new(signing_key(secret), signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()
+
+
+class AttemptFields(Protocol):
+    """The four fields of an attempt's identity (the kit's `Identity`, the store's
+    `ClaimIdentity`)."""
+
+    @property
+    def bot(self) -> str: ...
+    @property
+    def update_id(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def claim_id(self) -> str: ...
+
+
+def identity_message(identity: AttemptFields, received_at: int) -> str:
+    """What `X-Intake-Identity-Signature` signs, as a Standard Webhooks message id (with an
+    empty payload). The claim_id, the one field that may hold a colon, comes last."""
+    return (
+        f"identity:{identity.bot}:{identity.update_id}:{identity.attempt}:"
+        f"{received_at}:{identity.claim_id}"
+    )
 
 
 def read_forwarded(
@@ -103,12 +162,13 @@ def read_forwarded(
     identity = _identity(lower)
     if identity is not None and identity.update_id != update["update_id"]:
         raise Rejected("X-Intake-Update-Id does not match the body's update_id")
+    received_at = _millis(lower, RECEIVED_AT_HEADER, "X-Intake-Received-At")
     if signing_secret is not None:
         _check_message_id(lower["webhook-id"], identity, update["update_id"])
-    lease = lower.get("x-intake-lease-expires-at")
-    if lease is not None and not _is_digits(lease):
-        raise Rejected("X-Intake-Lease-Expires-At is not epoch milliseconds")
-    return Forwarded(identity, None if lease is None else int(lease), update, body)
+        if identity is not None:
+            _check_identity_signature(lower, identity, received_at, signing_secret)
+    lease = _millis(lower, "x-intake-lease-expires-at", "X-Intake-Lease-Expires-At")
+    return Forwarded(identity, lease, update, body, received_at)
 
 
 def _verify_signature(
@@ -160,6 +220,36 @@ def _check_message_id(message_id: str, identity: Identity | None, update_id: int
     bot, _, number = message_id.rpartition(":")
     if re.fullmatch(BOT_PATTERN, bot) is None or number != str(update_id):
         raise Rejected("webhook-id is not bot:update_id of this update")
+
+
+def _check_identity_signature(
+    headers: dict[str, str], identity: Identity, received_at: int | None, secret: str
+) -> None:
+    """The identity headers and `X-Intake-Received-At` as the service signed them. A service
+    from before the fencing token sends neither the signature nor `X-Intake-Received-At`:
+    its identity passes unsigned, as it always did, and its request has no fence token."""
+    signatures = headers.get(IDENTITY_SIGNATURE_HEADER)
+    if signatures is None:
+        if received_at is not None:
+            raise Rejected("X-Intake-Received-At came without X-Intake-Identity-Signature")
+        return
+    if received_at is None:
+        raise Rejected("X-Intake-Identity-Signature came without X-Intake-Received-At")
+    # webhook-timestamp was checked by _verify_signature: digits, within the tolerance.
+    timestamp = int(headers["webhook-timestamp"])
+    expected = sign(secret, identity_message(identity, received_at), timestamp, b"").encode()
+    matches = [hmac.compare_digest(expected, given.encode()) for given in signatures.split()]
+    if not any(matches):
+        raise Rejected("X-Intake-Identity-Signature does not match")
+
+
+def _millis(headers: dict[str, str], name: str, label: str) -> int | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    if not _is_digits(value) or int(value) > MAX_BIGINT:
+        raise Rejected(f"{label} is not epoch milliseconds")
+    return int(value)
 
 
 def _is_digits(value: str) -> bool:

@@ -93,9 +93,16 @@ class Backend(ABC):
         connection: AsyncConnection,
         table: Table,
         items: Sequence[tuple[ClaimIdentity, Settlement]],
-    ) -> dict[tuple[str, int], bool]:
+    ) -> dict[tuple[str, int], bool | None]:
         """Settle each item fenced, in this transaction: for each key that took effect,
-        whether a later update of its chat may still be waiting."""
+        whether a later update of its chat may still be waiting; None for a key still owned
+        whose row another transaction held locked, skipped rather than waited for."""
+
+    @abstractmethod
+    async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
+        """Inside a `transaction`: whether this transaction is now the only one of any
+        process doing `purpose` to `table` (held until it ends); False at once when another
+        transaction holds it."""
 
     @abstractmethod
     async def database_time(self) -> int:

@@ -3,7 +3,8 @@
 A store declares the highest level it meets in `capability`. Times are integer epoch
 milliseconds passed in by the caller, so every rule is testable without a clock.
 
-- base (`UpdateStore`): revision 0001 columns only, fenced by attempt number.
+- base (`UpdateStore`): revision 0001 columns only, fenced by attempt number (a table at
+  0002 serves this level until upgraded to head).
 - fenced (`FencedUpdateStore`): every transition compares the full `ClaimIdentity`.
 - durable (`DurableUpdateStore`): a terminal failure stays until its exact acknowledgement.
 """
@@ -142,13 +143,15 @@ class UpdateStore(Protocol):
         """Delete completed and abandoned rows with `settled_at < before`; the count deleted.
         Unacknowledged exhaustions have no `settled_at` and are never pruned. Deletes in
         bounded batches, each its own transaction, so a large prune never holds the table
-        (or SQLite's one write lock) for long."""
+        (or SQLite's one write lock) for long; one process at a time prunes a table, and a
+        prune that finds another one at work returns what it has deleted so far."""
         ...
 
 
 @runtime_checkable
 class FencedUpdateStore(UpdateStore, Protocol):
-    """Fenced level (revision 0002): each claim persists a fresh `claim_id`."""
+    """Fenced level (revision 0003, which the durable level needs too): each claim persists a
+    fresh `claim_id`."""
 
     async def claim_owned(
         self,
@@ -177,7 +180,9 @@ class FencedUpdateStore(UpdateStore, Protocol):
         """Claim up to `limit` due rows in one statement, oldest `due_at` first; concurrent
         callers never take the same row. A pending row is due from its `received_at`. With
         ordering "chat" only the oldest non-terminal row of each `(bot, queue_key)` is eligible.
-        Spent rows met on the way are ended as `claim` ends them and not returned."""
+        The budget is `max_attempts` counted attempts (a hand-back counts none); each claimed
+        row's `counted` is its place in it. Spent rows met on the way are ended as `claim` ends
+        them and not returned."""
         ...
 
     async def renew_owned(
@@ -202,7 +207,9 @@ class FencedUpdateStore(UpdateStore, Protocol):
 
     async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
         """Apply the settlement if `identity` holds a live lease at `settlement.at`; False
-        (and no change) otherwise: the caller lost ownership."""
+        (and no change) otherwise: the caller lost ownership. `HandedBack` makes the row due
+        at once, keeps its error, and spends no attempt: the next claim's `counted` is this
+        attempt's, and `max_attempts` allows one more attempt number."""
         ...
 
     async def settle_many_owned(
@@ -210,10 +217,12 @@ class FencedUpdateStore(UpdateStore, Protocol):
         items: Sequence[tuple[ClaimIdentity, Settlement]],
         *,
         waiting: set[tuple[str, int]] | None = None,
-    ) -> list[bool]:
+    ) -> list[bool | None]:
         """`settle_owned` for each item, in one commit; for each, whether it took effect, by
-        the same fence (every identity field, a live lease at its `settlement.at`). A key may
-        appear once per batch (ValueError otherwise). `waiting`, when given, receives settled
+        the same fence (every identity field, a live lease at its `settlement.at`), or None
+        when the row was held locked by another transaction: not settled, still owned, and
+        not waited for (so one locked row never holds up the rest). A key may appear once per
+        batch (ValueError otherwise). `waiting`, when given, receives settled
         keys whose chat may have a later update to deliver (a superset is allowed)."""
         ...
 
@@ -232,7 +241,8 @@ class FencedUpdateStore(UpdateStore, Protocol):
 
 @runtime_checkable
 class DurableUpdateStore(FencedUpdateStore, Protocol):
-    """Durable level (revision 0002): exhaustions survive until exactly acknowledged."""
+    """Durable level: exhaustions survive until exactly acknowledged, and their delivery to
+    `exhaustion_url` is leased across processes."""
 
     async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
         """Turn the exact live claim into an unacknowledged exhaustion keeping `error`."""
@@ -246,6 +256,21 @@ class DurableUpdateStore(FencedUpdateStore, Protocol):
         bots: Sequence[str] | None = None,
     ) -> list[Exhaustion]:
         """Unacknowledged exhaustions after the cursor `(bot, update_id)`, in key order."""
+        ...
+
+    async def take_exhaustions(
+        self, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
+    ) -> list[Exhaustion]:
+        """Lease up to `limit` open exhaustions of these bots whose delivery is due (a new
+        exhaustion is due at once; a failed delivery at its retry time; a lease lapses after
+        `lease_until`), in key order; their delivery is not due again before `lease_until`,
+        so concurrent callers never take the same one. Rows not due are not read."""
+        ...
+
+    async def delivery_failed(self, exhaustion: Exhaustion, retry_at: int) -> bool:
+        """The delivery of `exhaustion` (as `take_exhaustions` gave it) failed: due again at
+        `retry_at`, its `deliveries` one more. False and no change when it is no longer that
+        open exhaustion with that count (acknowledged, or taken and failed since)."""
         ...
 
     async def acknowledge_exhaustion(self, identity: ClaimIdentity, at: int) -> bool:

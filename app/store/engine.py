@@ -41,9 +41,13 @@ def create_store_engine(
     pool_size: int = 10,
     statement_timeout_ms: int = 0,
     lock_timeout_ms: int = 0,
+    pgbouncer: bool = False,
+    listen_url: str | URL | None = None,
 ) -> AsyncEngine:
     """An async engine for the store on either backend. The timeouts (0: none) apply to
-    PostgreSQL; SQLite, a local file, waits only for its write lock, up to its busy timeout."""
+    PostgreSQL; SQLite, a local file, waits only for its write lock, up to its busy timeout.
+    `pgbouncer`: the PostgreSQL URL is PgBouncer in transaction pooling mode; `listen_url`:
+    a direct URL to the same database, for LISTEN only (see `app.store.postgres`)."""
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
         engine = create_async_engine(parsed, **sqlite.engine_options(parsed))
@@ -54,6 +58,8 @@ def create_store_engine(
         pool_size=pool_size,
         statement_timeout_ms=statement_timeout_ms,
         lock_timeout_ms=lock_timeout_ms,
+        pgbouncer=pgbouncer,
+        listen_url=None if listen_url is None else normalise_url(listen_url),
     )
 
 
@@ -64,12 +70,24 @@ def create_sync_engine(url: str | URL) -> Engine:
         engine = create_engine(parsed, **sqlite.engine_options(parsed))
         sqlite.configure(engine)
         return engine
-    return create_engine(parsed, connect_args=postgres.connect_args(parsed))
+    # Migrations and one-off reads gain nothing from prepared statements, and behind PgBouncer
+    # a prepared statement would outlive its transaction: none are prepared.
+    arguments = postgres.connect_args(parsed) | {"prepare_threshold": None}
+    return create_engine(parsed, connect_args=arguments)
 
 
 _SCHEMA_SQLSTATES = {"42P01", "42703", "42883"}  # undefined table, column, function
 _TIMEOUT_SQLSTATES = {"55P03", "57014"}  # lock_timeout, statement_timeout (query canceled)
 _SCHEMA_MESSAGES = ("no such table", "no such column", "has no column named")
+# What a transaction pooler does to a client that keeps session state: a prepared statement
+# met again on another client's server session (or missing on this one), the `options` of
+# the timeouts refused at connect.
+_POOLER_SQLSTATES = {"42P05", "26000"}  # duplicate prepared statement, no such statement
+_POOLER_MESSAGES = ("unsupported startup parameter",)
+POOLER_HINT = (
+    "behind PgBouncer in transaction pooling mode? set INTAKE_DATABASE_PGBOUNCER=true "
+    "(docs/operations.md)"
+)
 
 
 @contextmanager
@@ -89,6 +107,8 @@ def _translate(error: exc.DBAPIError, table: str) -> StoreError:
     original = error.orig
     message = str(original).strip().splitlines()[0] if original is not None else str(error)
     sqlstate = getattr(original, "sqlstate", None)
+    if sqlstate in _POOLER_SQLSTATES or any(m in message for m in _POOLER_MESSAGES):
+        message = f"{message}; {POOLER_HINT}"
     if sqlstate in _SCHEMA_SQLSTATES or any(m in message for m in _SCHEMA_MESSAGES):
         return SchemaError(f"table {table!r} is not as expected ({message}); {UPGRADE_HINT}")
     if sqlstate in _TIMEOUT_SQLSTATES:

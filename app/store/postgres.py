@@ -11,6 +11,14 @@
 - The clock is the database's: the one clock the leases of every host share.
 - Wake-ups across processes: every commit that adds updates NOTIFYs the table's channel, and
   `listen` holds one connection of its own, outside the pool, that LISTENs on it.
+- Behind PgBouncer in transaction pooling mode (`pgbouncer=True`): consecutive transactions of
+  one connection may run on different server sessions, so nothing may outlive a transaction.
+  psycopg prepares no statements (a prepared statement stays on the server session, where
+  another client meets its name), the timeouts are not sent at connect (PgBouncer refuses
+  the `options` startup parameter; they belong to the role, and the first connection says
+  when the server's differ), and LISTEN, which needs a session, uses the direct
+  `listen_url` or, without one, is left to polling. Both travel as execution options of
+  the engine (`PGBOUNCER`, `LISTEN_URL`).
 - `fencing.owns_in_transaction` (a downstream's own transaction) is the SQL function of
   revision 0002 here (FOR UPDATE, database clock).
 """
@@ -28,29 +36,34 @@ import psycopg
 from psycopg import sql as psql
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Integer,
     Row,
     Select,
     Table,
     Text,
     Update,
+    and_,
     bindparam,
+    case,
     cast,
+    event,
     exists,
     func,
     literal_column,
     select,
+    tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy.dialects.postgresql import ARRAY, OID, insert
 from sqlalchemy.engine import URL, CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.elements import ClauseElement
 
 from app.store import queries
 from app.store.backend import Backend, Numbers
-from app.store.predicates import NON_TERMINAL, in_state, live, matches, settle_values
-from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
+from app.store.predicates import NON_TERMINAL, in_state, live, matches, settled_columns
+from app.store.types import ClaimIdentity, HandedBack, NewUpdate, Ordering, Settlement
 
 log = logging.getLogger(__name__)
 Compiled = tuple[str, dict[str, Any]]  # psycopg's SQL text and its constant parameters
@@ -59,28 +72,46 @@ Compiled = tuple[str, dict[str, Any]]  # psycopg's SQL text and its constant par
 # -- engines -----------------------------------------------------------------------------------
 
 
+PGBOUNCER = "intake_pgbouncer"  # execution option: the engine's URL is a transaction pooler
+LISTEN_URL = "intake_listen_url"  # execution option: a direct URL for LISTEN, or None
+
+
 def connect_args(
-    url: URL, *, statement_timeout_ms: int = 0, lock_timeout_ms: int = 0
+    url: URL,
+    *,
+    statement_timeout_ms: int = 0,
+    lock_timeout_ms: int = 0,
+    pgbouncer: bool = False,
 ) -> dict[str, Any]:
     """psycopg's connection arguments. Nonzero timeouts become the session's
     `statement_timeout` and `lock_timeout`, added to any `options` the URL carries: no
-    statement waits forever, for a lock or for anything else."""
+    statement waits forever, for a lock or for anything else. With `pgbouncer`, neither is
+    sent and no statement is prepared (see the module docstring)."""
     arguments: dict[str, Any] = {"connect_timeout": 5}
     if "application_name" not in url.query:
         arguments["application_name"] = "telegram-intake"
     given = url.query.get("options", "")
     options = [given] if isinstance(given, str) else list(given)
-    if statement_timeout_ms:
-        options.append(f"-c statement_timeout={int(statement_timeout_ms)}")
-    if lock_timeout_ms:
-        options.append(f"-c lock_timeout={int(lock_timeout_ms)}")
+    if pgbouncer:
+        arguments["prepare_threshold"] = None
+    else:
+        if statement_timeout_ms:
+            options.append(f"-c statement_timeout={int(statement_timeout_ms)}")
+        if lock_timeout_ms:
+            options.append(f"-c lock_timeout={int(lock_timeout_ms)}")
     if any(options):
         arguments["options"] = " ".join(option for option in options if option)
     return arguments
 
 
 def async_engine(
-    url: URL, *, pool_size: int, statement_timeout_ms: int = 0, lock_timeout_ms: int = 0
+    url: URL,
+    *,
+    pool_size: int,
+    statement_timeout_ms: int = 0,
+    lock_timeout_ms: int = 0,
+    pgbouncer: bool = False,
+    listen_url: URL | None = None,
 ) -> AsyncEngine:
     # No pre-ping: it costs a round trip per checkout (a third of a claim). A dropped
     # connection fails one statement, as StoreUnavailable, and invalidates the whole pool.
@@ -89,15 +120,57 @@ def async_engine(
     # the pool's connections is far cheaper.
     # AUTOCOMMIT: setting it per checkout instead (an execution option) cost a fifth of a
     # millisecond a statement.
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=0,
         isolation_level="AUTOCOMMIT",
         connect_args=connect_args(
-            url, statement_timeout_ms=statement_timeout_ms, lock_timeout_ms=lock_timeout_ms
+            url,
+            statement_timeout_ms=statement_timeout_ms,
+            lock_timeout_ms=lock_timeout_ms,
+            pgbouncer=pgbouncer,
         ),
+        execution_options={PGBOUNCER: pgbouncer, LISTEN_URL: listen_url},
     )
+    if pgbouncer:
+        _check_role_timeouts(
+            engine, statement_timeout=statement_timeout_ms, lock_timeout=lock_timeout_ms
+        )
+    return engine
+
+
+# The server's own timeouts of a session, in ms (pg_settings gives these two in ms).
+SESSION_TIMEOUTS = (
+    "SELECT name, setting FROM pg_settings WHERE name IN ('statement_timeout', 'lock_timeout')"
+)
+
+
+def _check_role_timeouts(engine: AsyncEngine, **wanted: int) -> None:
+    """Behind PgBouncer the timeouts cannot travel with the connection: they are the role's
+    (or the database's) on the server. At the first connection, say once when the server's
+    differ from the configured ones, and how to set them."""
+
+    def check(dbapi_connection: Any, _record: Any) -> None:
+        try:
+            cursor = dbapi_connection.cursor()
+            cursor.execute(SESSION_TIMEOUTS)
+            server = {name: int(setting) for name, setting in cursor.fetchall()}
+            cursor.close()
+        except Exception as error:  # a check only: the connection itself is good
+            log.warning("could not read the server's timeouts behind PgBouncer: %s", error)
+            return
+        differ = {name: ms for name, ms in wanted.items() if server.get(name) != ms}
+        if differ:
+            log.warning(
+                "behind PgBouncer (INTAKE_DATABASE_PGBOUNCER) the service cannot set its "
+                "timeouts per connection, and the server's differ (%s); set them for the "
+                "service's role on the server (ALTER ROLE ... SET name = value): %s",
+                ", ".join(f"{name} {server.get(name)} ms" for name in differ),
+                ", ".join(f"{name} = {ms}" for name, ms in differ.items()),
+            )
+
+    event.listen(engine.sync_engine, "connect", check, once=True)
 
 
 # -- statements of PostgreSQL only -------------------------------------------------------------
@@ -155,6 +228,7 @@ _SETTLE_COLUMNS = {
     "due_at": BigInteger,
     "settled_at": BigInteger,
     "error": Text,
+    "handed_back": Boolean,
 }
 
 
@@ -163,8 +237,19 @@ def settle_many_owned(t: Table) -> Update:
     live lease (the rule of `queries.settle_owned`), over unnest() of parallel arrays (one
     statement text for any batch size, so it is prepared once). RETURNING names the keys that
     were settled and, as `waiting`, whether a later update of the same chat is still to
-    deliver: a worker then looks for it at once, and otherwise need not look at all."""
-    batch = _unnest(_SETTLE_COLUMNS)
+    deliver: a worker then looks for it at once, and otherwise need not look at all.
+
+    A row another transaction holds locked (a downstream's `owns` inside its transaction, an
+    operator's statement) is skipped, not waited for: one locked row must not hold up the
+    settles of every other attempt of the process. `busy_owned` tells a skipped row from a
+    refused one."""
+    batch = select(_unnest(_SETTLE_COLUMNS)).cte("batch")
+    free = (
+        select(t.c.bot, t.c.update_id)
+        .join(batch, and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id))
+        .with_for_update(skip_locked=True, of=t)
+        .cte("free")
+    )
     newer = t.alias("newer")
     waiting = exists().where(
         newer.c.bot == t.c.bot,
@@ -175,15 +260,30 @@ def settle_many_owned(t: Table) -> Update:
     exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
     return (
         update(t)
-        .where(exact, live(t, batch.c.at))
+        .where(
+            exact,
+            live(t, batch.c.at),
+            tuple_(t.c.bot, t.c.update_id).in_(select(free.c.bot, free.c.update_id)),
+        )
         .values(
             state=batch.c.state,
             due_at=batch.c.due_at,
             settled_at=batch.c.settled_at,
-            error=batch.c.error,
+            # A hand-back keeps the last real error and spends no attempt (settle_values).
+            error=case((batch.c.handed_back, t.c.error), else_=batch.c.error),
+            uncounted=t.c.uncounted + case((batch.c.handed_back, 1), else_=0),
         )
         .returning(t.c.bot, t.c.update_id, waiting.label("waiting"))
     )
+
+
+def busy_owned(t: Table) -> Select[Any]:
+    """Of a batch's unsettled items (the same arrays), the keys still held by their identity
+    with a live lease: `settle_many_owned` skipped them because their row was locked. Read
+    without a lock, so it never waits."""
+    batch = _unnest(_SETTLE_COLUMNS)
+    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    return select(t.c.bot, t.c.update_id).where(exact, live(t, batch.c.at))
 
 
 def settle_many_parameters(
@@ -192,12 +292,12 @@ def settle_many_parameters(
     """The arrays of `settle_many_owned` for these settlements."""
     rows = []
     for identity, settlement in items:
-        values = settle_values(settlement)
         rows.append(
             {
                 **dataclasses.asdict(identity),
                 "at": settlement.at,
-                **{name: values[name] for name in ("state", "due_at", "settled_at", "error")},
+                **settled_columns(settlement),
+                "handed_back": isinstance(settlement, HandedBack),
             }
         )
     return _arrays(_SETTLE_COLUMNS, rows)
@@ -243,8 +343,9 @@ class PostgresBackend(Backend):
     def prepare(self, table: Table, channel: str) -> None:
         self._channel = channel
         statements: dict[str, ClauseElement] = {"add": add(table, channel)}
-        if "claim_id" in table.c:
+        if "uncounted" in table.c:  # the fenced methods' revision
             statements["settle_many_owned"] = settle_many_owned(table)
+            statements["busy_owned"] = busy_owned(table)
             statements["owns"] = queries.owns(
                 table, identity=None, at=bindparam("at", type_=BigInteger), lock=False
             )
@@ -299,6 +400,7 @@ class PostgresBackend(Backend):
                 ordering=ordering,
                 bots=bots,
                 durable_exhaustion=durable_exhaustion,
+                lateral=True,
             )
             compiled = self._claims[key] = self._driver_sql(statement, expanded=True)
         return (await self._execute(connection, compiled, dict(numbers))).all()
@@ -314,10 +416,26 @@ class PostgresBackend(Backend):
         connection: AsyncConnection,
         table: Table,
         items: Sequence[tuple[ClaimIdentity, Settlement]],
-    ) -> dict[tuple[str, int], bool]:
+    ) -> dict[tuple[str, int], bool | None]:
         arrays = settle_many_parameters(items)
         result = await self._execute(connection, self._compiled["settle_many_owned"], arrays)
-        return {(row.bot, row.update_id): bool(row.waiting) for row in result.all()}
+        settled: dict[tuple[str, int], bool | None] = {
+            (row.bot, row.update_id): bool(row.waiting) for row in result.all()
+        }
+        unsettled = [item for item in items if (item[0].bot, item[0].update_id) not in settled]
+        if unsettled:  # refused, or skipped because locked: tell them apart
+            arrays = settle_many_parameters(unsettled)
+            busy = await self._execute(connection, self._compiled["busy_owned"], arrays)
+            settled.update({(row.bot, row.update_id): None for row in busy.all()})
+        return settled
+
+    async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
+        # A transaction-level advisory lock, released at commit (so it holds behind a
+        # transaction-pooling PgBouncer too), keyed by the purpose and the table's oid: the
+        # same table name in another schema is another table.
+        oid = cast(cast(func.to_regclass(table.name), OID), Integer)
+        lock = select(func.pg_try_advisory_xact_lock(func.hashtext(purpose), oid))
+        return bool((await connection.execute(lock)).scalar_one())
 
     async def database_time(self) -> int:
         async with self.read() as connection:
@@ -334,11 +452,22 @@ class PostgresBackend(Backend):
         listening: asyncio.Event | None = None,
         max_pause: float = 5.0,
     ) -> None:
-        """LISTEN on one connection of its own; when it drops, reconnect with backoff and call
-        `wake` once, so that a worker looks again for what it might have missed."""
-        conninfo = self.engine.url.set(drivername="postgresql").render_as_string(
-            hide_password=False
-        )
+        """LISTEN on one connection of its own (to the engine's `LISTEN_URL` when it has one);
+        when it drops, reconnect with backoff and call `wake` once, so that a worker looks
+        again for what it might have missed. Behind PgBouncer without a direct URL there is
+        no session to LISTEN on: say so once and return, leaving the workers to poll."""
+        options = self.engine.get_execution_options()
+        direct: URL | None = options.get(LISTEN_URL)
+        if direct is None and options.get(PGBOUNCER):
+            log.warning(
+                "wake-ups from other processes are off: LISTEN needs a session, which "
+                "PgBouncer in transaction pooling mode does not keep (INTAKE_DATABASE_PGBOUNCER) "
+                "and no direct INTAKE_LISTEN_DATABASE_URL is set; idle workers look for new "
+                "updates every INTAKE_POLL_INTERVAL_SECONDS instead"
+            )
+            return
+        target = (direct or self.engine.url).set(drivername="postgresql")
+        conninfo = target.render_as_string(hide_password=False)
         pause = 0.1
         while True:
             try:

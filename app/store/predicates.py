@@ -25,7 +25,16 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.functions import FunctionElement
 
-from app.store.types import STATES, Abandoned, ClaimIdentity, Completed, Failed, Settlement, State
+from app.store.types import (
+    STATES,
+    Abandoned,
+    ClaimIdentity,
+    Completed,
+    Failed,
+    HandedBack,
+    Settlement,
+    State,
+)
 
 NON_TERMINAL: tuple[State, ...] = ("pending", "processing", "failed")
 SPENT_ERROR = "attempts spent"
@@ -120,10 +129,12 @@ def claim_values(
 ) -> dict[str, Any]:
     """SET clause of every claim: take the row, or end it when its attempts are spent.
 
-    A durable exhaustion keeps settled_at NULL, so prune cannot touch it before its
-    acknowledgement; it keeps the identity of its last attempt.
+    The budget counts the attempts that spent it: from revision 0003, `attempts - uncounted`
+    (a hand-back spends none). A durable exhaustion keeps settled_at NULL, so prune cannot
+    touch it before its acknowledgement; it keeps the identity of its last attempt, and is due
+    for delivery to exhaustion_url at once.
     """
-    fresh = t.c.attempts < max_attempts
+    fresh = counted(t) < max_attempts
     values: dict[str, Any] = {
         "state": case((fresh, literal("processing")), else_=literal("abandoned")),
         "attempts": case((fresh, t.c.attempts + 1), else_=t.c.attempts),
@@ -137,10 +148,19 @@ def claim_values(
         values["claim_id"] = case((fresh, taken), else_=spent)
     if durable:
         values["exhausted_at"] = case((fresh, t.c.exhausted_at), else_=now)
+        if "delivery_due_at" in t.c:
+            values["delivery_due_at"] = case((fresh, t.c.delivery_due_at), else_=now)
     return values
 
 
-def settle_values(settlement: Settlement) -> dict[str, Any]:
+def counted(t: Table) -> ColumnElement[int]:
+    """The attempts that spent the budget: all of them below revision 0003."""
+    return t.c.attempts - t.c.uncounted if "uncounted" in t.c else t.c.attempts
+
+
+def settled_columns(settlement: Settlement) -> dict[str, Any]:
+    """The plain values a settle writes to state, settled_at, due_at and error. A hand-back's
+    error here is None: `settle_values` keeps the row's own instead."""
     # Terminal rows keep due_at == settled_at, so prune can range-scan the (state, due_at) index.
     match settlement:
         case Completed(at=at):
@@ -149,7 +169,20 @@ def settle_values(settlement: Settlement) -> dict[str, Any]:
             return {"state": "failed", "settled_at": None, "due_at": retry_at, "error": error}
         case Abandoned(at=at, error=error):
             return {"state": "abandoned", "settled_at": at, "due_at": at, "error": error}
+        case HandedBack(at=at):
+            return {"state": "failed", "settled_at": None, "due_at": at, "error": None}
     raise TypeError(f"not a settlement: {settlement!r}")
+
+
+def settle_values(t: Table, settlement: Settlement) -> dict[str, Any]:
+    """SET clause of a settle. A hand-back is due again at once, keeps the error of the last
+    real attempt and (revision 0003) adds itself to `uncounted`: it spends no attempt."""
+    values = settled_columns(settlement)
+    if isinstance(settlement, HandedBack):
+        values["error"] = t.c.error
+        if "uncounted" in t.c:
+            values["uncounted"] = t.c.uncounted + 1
+    return values
 
 
 def unacknowledged(t: Table) -> ColumnElement[bool]:

@@ -27,10 +27,8 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
-    exists,
     func,
     literal,
-    or_,
     select,
     true,
     tuple_,
@@ -38,11 +36,12 @@ from sqlalchemy import (
     update,
 )
 
+from app.store import chat_order
 from app.store.predicates import (
-    NON_TERMINAL,
     Number,
     claim_values,
     claimable,
+    counted,
     holds_lease,
     identity_is,
     in_state,
@@ -121,7 +120,7 @@ def settle(t: Table, *, bot: str, update_id: int, attempt: int, settlement: Sett
     return (
         update(t)
         .where(holds_lease(t, bot, update_id, attempt, settlement.at))
-        .values(settle_values(settlement))
+        .values(settle_values(t, settlement))
         .returning(t.c.state)
     )
 
@@ -222,39 +221,29 @@ def claim_next_owned(
     ordering: Ordering,
     bots: Sequence[str] | None,
     durable_exhaustion: bool,
+    lateral: bool,
 ) -> Update:
     """Take up to `limit` due rows in one statement, oldest due first. The numbers may be
     bound parameters, for a statement compiled once and run many times.
 
     Rows another transaction has locked are skipped (SKIP LOCKED on PostgreSQL; SQLite
     serialises writers). With chat ordering a row is eligible only when no older row of its
-    (bot, queue_key) is still pending, processing or failed.
+    (bot, queue_key) is still pending, processing or failed; `app.store.chat_order` finds
+    those rows, by LATERAL probes where the database has them (`lateral`: PostgreSQL).
     """
-    # Walk non-terminal rows in due order (ix_due) and stop at the limit: the cost follows the
-    # batch and the queues in flight, not the backlog. A pending row is due from receipt.
-    candidates = select(t.c.bot, t.c.update_id).where(
-        in_state(t.c.state, *NON_TERMINAL),
-        t.c.due_at <= now,
-        or_(~in_state(t.c.state, "processing"), t.c.due_at < now),
-    )
-    if bots is not None:
-        candidates = candidates.where(t.c.bot.in_(list(bots)))
     if ordering == "chat":
-        older = t.alias("older")
-        candidates = candidates.where(
-            or_(
-                t.c.queue_key.is_(None),
-                ~exists().where(
-                    older.c.bot == t.c.bot,
-                    older.c.queue_key == t.c.queue_key,
-                    older.c.update_id < t.c.update_id,
-                    in_state(older.c.state, *NON_TERMINAL),
-                ),
-            )
+        candidates = chat_order.chat_ordered(t, now=now, limit=limit, bots=bots, lateral=lateral)
+    else:
+        # Walk non-terminal rows in due order (ix_due) and stop at the limit: the cost follows
+        # the batch, not the backlog.
+        walked = select(t.c.bot, t.c.update_id).where(
+            chat_order.due_for_claim(t.c.state, t.c.due_at, now)
         )
-    candidates = (
-        candidates.order_by(t.c.due_at).limit(limit).with_for_update(skip_locked=True, of=t)
-    )
+        if bots is not None:
+            walked = walked.where(t.c.bot.in_(list(bots)))
+        candidates = (
+            walked.order_by(t.c.due_at).limit(limit).with_for_update(skip_locked=True, of=t)
+        )
     values = claim_values(
         t,
         now=now,
@@ -277,6 +266,7 @@ def claim_next_owned(
             t.c.update_type,
             t.c.queue_key,
             t.c.received_at,
+            counted(t).label("counted"),
         )
     )
 
@@ -309,7 +299,7 @@ def settle_owned(t: Table, *, identity: ClaimIdentity, settlement: Settlement) -
     return (
         update(t)
         .where(owned_by(t, identity, settlement.at))
-        .values(settle_values(settlement))
+        .values(settle_values(t, settlement))
         .returning(t.c.state)
     )
 
@@ -318,20 +308,72 @@ def settle_owned(t: Table, *, identity: ClaimIdentity, settlement: Settlement) -
 
 
 def exhaust(t: Table, *, identity: ClaimIdentity, at: int, error: str) -> Update:
+    # Due for delivery to exhaustion_url at once.
     return (
         update(t)
         .where(owned_by(t, identity, at))
-        .values(state="abandoned", exhausted_at=at, due_at=at, settled_at=None, error=error)
+        .values(
+            state="abandoned",
+            exhausted_at=at,
+            due_at=at,
+            settled_at=None,
+            error=error,
+            delivery_due_at=at,
+        )
         .returning(t.c.state)
+    )
+
+
+def take_exhaustions(
+    t: Table, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
+) -> Update:
+    """Lease up to `limit` open exhaustions due for delivery (oldest due first) until
+    `lease_until`: no other process takes them meanwhile (SKIP LOCKED on PostgreSQL; SQLite
+    serialises writers). Only these rows' bodies are read."""
+    due = (
+        select(t.c.bot, t.c.update_id)
+        .where(unacknowledged(t), t.c.delivery_due_at <= now, t.c.bot.in_(list(bots)))
+        .order_by(t.c.delivery_due_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return (
+        update(t)
+        .where(tuple_(t.c.bot, t.c.update_id).in_(due), unacknowledged(t))
+        .values(delivery_due_at=lease_until)
+        .returning(*_exhaustion_columns(t))
+    )
+
+
+def delivery_failed(t: Table, *, identity: ClaimIdentity, retry_at: int, deliveries: int) -> Update:
+    """A delivery of this exact open exhaustion failed: due again at `retry_at`. `deliveries`
+    is the count the failed delivery was taken with; a row whose count moved meanwhile (a
+    lapsed lease, another process's delivery) is left as the later delivery made it."""
+    return (
+        update(t)
+        .where(identity_is(t, identity), unacknowledged(t), t.c.deliveries == deliveries)
+        .values(delivery_due_at=retry_at, deliveries=t.c.deliveries + 1)
+        .returning(t.c.deliveries)
+    )
+
+
+def _exhaustion_columns(t: Table) -> tuple[ColumnElement[Any], ...]:
+    return (
+        t.c.bot,
+        t.c.update_id,
+        t.c.attempts,
+        t.c.claim_id,
+        t.c.body,
+        t.c.error,
+        t.c.exhausted_at,
+        t.c.deliveries,
     )
 
 
 def due_exhaustions(
     t: Table, *, limit: int, after: tuple[str, int] | None, bots: Sequence[str] | None
 ) -> Select[Any]:
-    statement = select(
-        t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.body, t.c.error, t.c.exhausted_at
-    ).where(unacknowledged(t))
+    statement = select(*_exhaustion_columns(t)).where(unacknowledged(t))
     if after is not None:
         statement = statement.where(tuple_(t.c.bot, t.c.update_id) > tuple_(*after))
     if bots is not None:

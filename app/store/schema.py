@@ -1,14 +1,18 @@
 """The table, as SQLAlchemy Core metadata: the one source of truth that Alembic compares against.
 
 Revision 0001 is the base shape; revision 0002 (ADR 0256) adds `claim_id`, `exhausted_at`,
-`acknowledged_at`, the exhaustion index and the due-order index that batch claims walk.
-`make_metadata(table, revision=...)` draws either.
+`acknowledged_at`, the exhaustion index and the due-order index that batch claims walk;
+revision 0003 adds `uncounted` (attempts that spend no budget: hand-backs), and
+`delivery_due_at` and `deliveries` (an open exhaustion's next delivery to `exhaustion_url`
+and the failed ones so far, shared by every process) with their index.
+`make_metadata(table, revision=...)` draws any of them.
 
 Invariants every statement of the store keeps (its queries lean on them for index use; a
 process writing the table by other means must keep them too):
 - a pending row's `due_at` is its `received_at`;
 - a row with `settled_at` has `due_at == settled_at`;
-- `exhausted_at` is set only on `abandoned` rows, which no statement moves to another state.
+- `exhausted_at` is set only on `abandoned` rows, which no statement moves to another state;
+- an open exhaustion (`exhausted_at` set, `acknowledged_at` NULL) has `delivery_due_at` set.
 """
 
 from __future__ import annotations
@@ -32,8 +36,13 @@ from app.store import validate
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
-Revision = Literal["0001", "0002"]
-HEAD: Revision = "0002"
+Revision = Literal["0001", "0002", "0003"]
+HEAD: Revision = "0003"
+# The columns each revision adds, in order: `revision_of` reads a live table by them.
+ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
+    "0002": ("claim_id", "exhausted_at", "acknowledged_at"),
+    "0003": ("uncounted", "delivery_due_at", "deliveries"),
+}
 
 # Rows a worker may still deliver; the ordering index and chat ordering only look at these.
 NON_TERMINAL = "state IN ('pending', 'processing', 'failed')"
@@ -68,11 +77,17 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         Column("settled_at", BigInteger, nullable=True),
         Column("error", Text, nullable=True),
     ]
-    if revision == "0002":
+    if revision >= "0002":
         columns += [
             Column("claim_id", Text, nullable=True),
             Column("exhausted_at", BigInteger, nullable=True),
             Column("acknowledged_at", BigInteger, nullable=True),
+        ]
+    if revision >= "0003":
+        columns += [
+            Column("uncounted", Integer, nullable=False, server_default=text("0")),
+            Column("delivery_due_at", BigInteger, nullable=True),
+            Column("deliveries", Integer, nullable=False, server_default=text("0")),
         ]
     updates = Table(
         table,
@@ -90,7 +105,7 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         postgresql_where=text(NON_TERMINAL),
         sqlite_where=text(NON_TERMINAL),
     )
-    if revision == "0002":
+    if revision >= "0002":
         # claim_next_owned walks due rows in due_at order and stops at its limit.
         Index(
             f"ix_{table}_due",
@@ -105,7 +120,25 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
             postgresql_where=text(UNACKNOWLEDGED),
             sqlite_where=text(UNACKNOWLEDGED),
         )
+    if revision >= "0003":
+        # Exhaustion delivery takes the open exhaustions that are due, in due order.
+        Index(
+            f"ix_{table}_delivery_due",
+            updates.c.delivery_due_at,
+            postgresql_where=text(UNACKNOWLEDGED),
+            sqlite_where=text(UNACKNOWLEDGED),
+        )
     return metadata
+
+
+def revision_of(columns: set[str]) -> Revision:
+    """The revision whose columns the live table has (the highest complete one)."""
+    present: Revision = "0001"
+    for revision, added in ADDED_COLUMNS.items():
+        if not set(added) <= columns:
+            break
+        present = revision
+    return present
 
 
 def make_table(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Table:

@@ -170,7 +170,12 @@ class SqliteBackend(Backend):
         durable_exhaustion: bool,
     ) -> Sequence[Row[Any]]:
         statement = queries.claim_next_owned(
-            table, **numbers, ordering=ordering, bots=bots, durable_exhaustion=durable_exhaustion
+            table,
+            **numbers,
+            ordering=ordering,
+            bots=bots,
+            durable_exhaustion=durable_exhaustion,
+            lateral=False,
         )
         return (await connection.execute(statement)).all()
 
@@ -186,14 +191,18 @@ class SqliteBackend(Backend):
         connection: AsyncConnection,
         table: Table,
         items: Sequence[tuple[ClaimIdentity, Settlement]],
-    ) -> dict[tuple[str, int], bool]:
-        # Every settled key counts as waiting: asking would cost a query, and misses none.
-        settled: dict[tuple[str, int], bool] = {}
+    ) -> dict[tuple[str, int], bool | None]:
+        # Every settled key counts as waiting: asking would cost a query, and misses none. No
+        # row is ever busy: this transaction holds the one write lock.
+        settled: dict[tuple[str, int], bool | None] = {}
         for identity, settlement in items:
             statement = queries.settle_owned(table, identity=identity, settlement=settlement)
             if (await connection.execute(statement)).first() is not None:
                 settled[(identity.bot, identity.update_id)] = True
         return settled
+
+    async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
+        return True  # the transaction holds the file's one write lock already
 
     async def database_time(self) -> int:
         return time.time_ns() // 1_000_000

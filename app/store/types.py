@@ -71,7 +71,19 @@ class Abandoned:
         validate.text("error", self.error)
 
 
-Settlement = Completed | Failed | Abandoned
+@dataclass(frozen=True, slots=True)
+class HandedBack:
+    """The attempt was cut short by its worker (a shutdown): the update is due again at `at`,
+    and the attempt spends none of its budget (revision 0003 counts it in `uncounted`; below,
+    it counts). The error of the last real attempt stays."""
+
+    at: int
+
+    def __post_init__(self) -> None:
+        validate.millis("at", self.at)
+
+
+Settlement = Completed | Failed | Abandoned | HandedBack
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +106,9 @@ class Claimed:
     update_type: str | None
     queue_key: str | None
     received_at: int
+    # This attempt's place in the budget: its number less the attempts that spent none
+    # (hand-backs, redrives). It ends the update when it reaches max_attempts.
+    counted: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +119,7 @@ class Exhaustion:
     body: str
     error: str | None
     exhausted_at: int
+    deliveries: int = 0  # deliveries to exhaustion_url that failed so far
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,13 @@ def attempts(name: str, value: Any) -> int:
     return int(value)
 
 
+def count(name: str, value: Any) -> int:
+    """A count kept in an INTEGER column: zero or more."""
+    if not _is_int(value) or not 0 <= value <= MAX_INTEGER:
+        raise ValueError(f"{name} {value!r} is not an integer in [0, 2**31-1]")
+    return int(value)
+
+
 def flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} {value!r} is not a bool")

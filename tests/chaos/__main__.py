@@ -1,6 +1,7 @@
 """`python -m tests.chaos`: the full chaos run (minutes); prints its table, exits 1 on failure.
 
-Options size the run (`--updates`, `--chats`, `--workers`, `--intakes`); `--runs 3` repeats it.
+Options size the run (`--updates`, `--chats`, `--workers`, `--intakes`); `--runs 3` repeats it;
+`--pgbouncer` puts PgBouncer in transaction pooling mode between the service and PostgreSQL.
 The logs of every process and the downstream's journal stay in `--keep DIR` when given.
 """
 
@@ -26,6 +27,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=plan.workers)
     parser.add_argument("--rate", type=float, help="updates posted per second (default: flat out)")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="the service through PgBouncer (transaction pooling)",
+    )
     parser.add_argument("--keep", type=Path, help="keep logs and the journal here")
     args = parser.parse_args()
     plan = replace(
@@ -35,6 +41,7 @@ def main() -> None:
         intakes=args.intakes,
         workers=args.workers,
         rate=args.rate,
+        pgbouncer=args.pgbouncer,
     )
     failed = False
     for number in range(1, args.runs + 1):

@@ -74,7 +74,9 @@ class Downstream:
             max_size=20,
             open=False,
             check=AsyncConnectionPool.check_connection,
-            kwargs={"autocommit": False, "connect_timeout": 3},
+            # Nothing prepared: the same behind PgBouncer's transaction pooling (a prepared
+            # statement would outlive its transaction there) as direct.
+            kwargs={"autocommit": False, "connect_timeout": 3, "prepare_threshold": None},
         )
         self._journal = journal
         self._hang = hang_seconds

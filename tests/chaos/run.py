@@ -20,8 +20,13 @@ the fence checked again at the write. At the end, with the queue drained:
 - per-chat order: the downstream saw each chat's updates in update_id order;
 - secrets: no configured secret appears in any process's log.
 
+With `Plan.pgbouncer` (`python -m tests.chaos --pgbouncer`) the service's processes and the
+downstream reach PostgreSQL through PgBouncer in transaction pooling mode (tests/pgbouncer.py),
+started in front of the run's database, and the workers LISTEN over a direct URL
+(INTAKE_DATABASE_PGBOUNCER, INTAKE_LISTEN_DATABASE_URL); the database crash happens behind it.
+
 `python -m tests.chaos` runs the full size and prints the table; `tests/chaos/test_chaos.py`
-runs a short one in the default test command.
+runs a short one, direct and through PgBouncer, in the default test command.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any
 
 import aiohttp
 import psycopg
+from sqlalchemy.engine import make_url
 
 from app.dispatch.runner import EXPIRED
 from app.store.migrate import upgrade
@@ -47,6 +53,7 @@ from app.store.predicates import SPENT_ERROR
 from tests.chaos.cluster import Database, chaos_database, wait_until_up
 from tests.chaos.downstream import EFFECTS, fate
 from tests.downstream import message
+from tests.pgbouncer import running_pgbouncer
 from tests.processes import ROOT, Process, environment, free_port
 
 BOT = "default"
@@ -114,12 +121,14 @@ class Plan:
     drain_within: float = 600.0
     rate: float | None = None  # updates posted per second in all; None: as fast as they go
     seed: int = 7
+    pgbouncer: bool = False  # the service and the downstream through PgBouncer
 
 
 @dataclass
 class Report:
     plan: Plan
     database_fault: str = ""
+    database_path: str = "direct"
     accepted: int = 0
     reposted: int = 0
     refused_posts: int = 0  # answers other than 200 (retried, as Telegram retries)
@@ -174,6 +183,7 @@ class Report:
             ("downstream answers", answers),
             ("workers killed (SIGKILL) and restarted", f"{self.workers_killed:,}"),
             ("database fault", self.database_fault),
+            ("the service's connections", self.database_path),
             ("time to post", f"{self.load_seconds:.1f} s"),
             ("time to drain after the last post", f"{self.drain_seconds:.1f} s"),
         ]
@@ -240,15 +250,29 @@ class Fleet:
 async def run(plan: Plan, directory: Path, admin_url: str) -> Report:
     """One chaos run; its processes write their logs under `directory`."""
     report = Report(plan)
-    with chaos_database(admin_url) as database:
+    with contextlib.ExitStack() as stack:
+        database = stack.enter_context(chaos_database(admin_url))
         report.database_fault = database.fault
-        await asyncio.to_thread(_prepare, database.url)
+        await asyncio.to_thread(_prepare, database.url, pgbouncer=plan.pgbouncer)
+        service_url = database.url  # the service's and the downstream's; the judge's is direct
         journal = directory / "downstream.jsonl"
         downstream_port = free_port()
         env = _environment(plan, database.url, f"http://127.0.0.1:{downstream_port}")
+        if plan.pgbouncer:
+            server = make_url(database.url)
+            bouncer = stack.enter_context(
+                running_pgbouncer(server.host or "127.0.0.1", server.port or 5432, pool_size=40)
+            )
+            service_url = bouncer.url(database.url)
+            report.database_path = f"through {bouncer.version} (transaction pooling), LISTEN direct"
+            env |= {
+                "INTAKE_DATABASE_URL": service_url,
+                "INTAKE_DATABASE_PGBOUNCER": "true",
+                "INTAKE_LISTEN_DATABASE_URL": database.url,
+            }
         fleet = Fleet(directory, env)
         try:
-            fleet.downstream(downstream_port, database.url, journal, plan.hang_seconds)
+            fleet.downstream(downstream_port, service_url, journal, plan.hang_seconds)
             for _ in range(plan.intakes):
                 fleet.intake()
             for _ in range(plan.workers):
@@ -298,11 +322,17 @@ def _environment(plan: Plan, database_url: str, downstream: str) -> dict[str, st
     )
 
 
-def _prepare(database_url: str) -> None:
+def _prepare(database_url: str, *, pgbouncer: bool = False) -> None:
     upgrade(database_url)
     with psycopg.connect(database_url, autocommit=True) as connection:
         connection.execute(EFFECTS)
         connection.execute(AUDIT)
+        if pgbouncer:
+            # Behind PgBouncer the timeouts are the server's (docs/operations.md): the
+            # service's defaults, for the run's database.
+            name = make_url(database_url).database
+            for setting, value in (("statement_timeout", 30_000), ("lock_timeout", 5_000)):
+                connection.execute(f"ALTER DATABASE {name} SET {setting} = {value}")
 
 
 async def _ready(fleet: Fleet, within: float = 60.0) -> None:

@@ -1,5 +1,6 @@
-"""The short chaos run in the default test command, and the run's judge on made-up histories
-(a judge that cannot fail proves nothing). The full run: `python -m tests.chaos`."""
+"""The short chaos run in the default test command, direct and through PgBouncer, and the run's
+judge on made-up histories (a judge that cannot fail proves nothing). The full run:
+`python -m tests.chaos` (`--pgbouncer` for the second)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from app.store.predicates import SPENT_ERROR
 from tests.chaos.run import Plan, Report, _judge_history, run
 from tests.conftest import POSTGRES_URL, _libpq
+from tests.pgbouncer import require_binary
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +25,32 @@ async def test_a_short_chaos_run_loses_nothing_and_accepts_no_stale_write(
     plan = Plan(updates=1_500, chats=60, rate=100.0, drain_within=180.0)
     report = await run(plan, tmp_path, _libpq(POSTGRES_URL))
     print(report.table())
+    _assert_it_proved_something(plan, report)
+
+
+async def test_a_short_chaos_run_through_pgbouncer_loses_nothing_and_accepts_no_stale_write(
+    postgres_admin: Any, tmp_path: Path
+) -> None:
+    # The service and the downstream behind PgBouncer in transaction pooling mode, started
+    # in front of the run's own database (which crashes behind it); LISTEN over a direct URL.
+    require_binary()
+    plan = Plan(updates=1_500, chats=60, rate=100.0, drain_within=180.0, pgbouncer=True)
+    report = await run(plan, tmp_path, _libpq(POSTGRES_URL))
+    print(report.table())
+    assert report.database_path.startswith("through PgBouncer")
+    _assert_it_proved_something(plan, report)
+    # Nothing of the service's asked for what PgBouncer cannot give.
+    logs = _logs(tmp_path)
+    for symptom in ("prepared statement", "unsupported startup parameter", "wake-ups from other"):
+        assert symptom not in logs
+
+
+def _logs(directory: Path) -> str:
+    """Every process's output of a run."""
+    return "\n".join(path.read_text(errors="replace") for path in directory.glob("*.std*"))
+
+
+def _assert_it_proved_something(plan: Plan, report: Report) -> None:
     assert report.passed, "\n".join(report.problems[:30])
     assert report.accepted == plan.updates
     assert report.delivered + report.exhausted == plan.updates

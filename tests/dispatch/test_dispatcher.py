@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from pydantic import SecretStr
 from standardwebhooks import Webhook
@@ -19,7 +21,7 @@ from starlette.responses import Response
 
 from app.config import ApiKey
 from app.dispatch import Dispatcher
-from app.dispatch.runner import HANDED_BACK
+from app.dispatch.dispatcher import STOP_BOUND_SECONDS
 from app.kit import IntakeClient
 from app.kit.wire import Identity
 from app.main import create_app
@@ -31,7 +33,7 @@ from app.store import (
     StoreUnavailable,
     open_store,
 )
-from tests.conftest import Storage, serve_asgi, table_rows
+from tests.conftest import Storage, serve_asgi, table_locked, table_rows
 from tests.downstream import (
     DOWNSTREAM_SECRET,
     SIGNING_SECRET,
@@ -151,21 +153,63 @@ async def test_a_terminal_4xx_becomes_an_exhaustion_delivered_and_acknowledged(
     Webhook(SIGNING_SECRET).verify(record.body, record.headers)
 
 
-async def test_an_exhaustion_undelivered_before_a_restart_is_delivered_after_it(
+async def test_an_exhaustion_undelivered_before_a_restart_keeps_its_backoff_after_it(
     storage: Storage, downstream: FakeDownstream
 ) -> None:
+    """The backoff of a failed exhaustion delivery is kept in the row (issue 14, item 4): a
+    restart neither resets it nor forgets the exhaustion."""
     downstream.answer = status(400)
     downstream.exhaustion_answer = status(503)  # the exhaustion_url is down
     url = storage.url()
     shop = bot(downstream, exhaustion_url=f"{downstream.url}/exhausted")
-    async with dispatching(settings_for(url, shop)) as (_, store):
+    settings = settings_for(url, shop, exhaustion_retry_seconds=1)
+    async with dispatching(settings) as (_, store):
         await store.add("shop", 1, message(1), now_ms())
-        await eventually(lambda: len(downstream.exhaustions) >= 1)
-    assert rows(url, "exhausted_at", "acknowledged_at")[0][1] is None
-    downstream.exhaustion_answer = status(200)
-    async with dispatching(settings_for(url, shop)):
+        await until(url, lambda r: r[0][1] == 1, "acknowledged_at", "deliveries")
+    [(due, deliveries, acknowledged_at)] = rows(
+        url, "delivery_due_at", "deliveries", "acknowledged_at"
+    )
+    assert (deliveries, acknowledged_at) == (1, None)
+    arrived: list[int] = []
+
+    async def accept(received: Received, request: object) -> object:
+        arrived.append(now_ms())
+        return await ok(received, request)  # type: ignore[arg-type]
+
+    downstream.exhaustion_answer = accept  # type: ignore[assignment]
+    async with dispatching(settings):
         await until(url, lambda r: r[0][0] is not None, "acknowledged_at")
+    assert len(arrived) == 1
+    assert arrived[0] >= due  # not before the backoff the first process set
     assert len(downstream.received) == 1
+
+
+async def test_three_workers_deliver_each_exhaustion_once(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    """Issue 14, item 4: with every worker sweeping, a slow exhaustion_url received each
+    exhaustion up to three times (30 delivered 70 times); a lease in the row makes it once."""
+
+    async def slow(received: Received, request: object) -> object:
+        await asyncio.sleep(0.5)
+        return await ok(received, request)  # type: ignore[arg-type]
+
+    downstream.answer = status(400)
+    downstream.exhaustion_answer = slow  # type: ignore[assignment]
+    url = storage.url()
+    shop = bot(downstream, exhaustion_url=f"{downstream.url}/exhausted", ordering="none")
+    settings = settings_for(url, shop, exhaustion_retry_seconds=0.2)
+    async with (
+        dispatching(settings) as (_, store),
+        dispatching(settings),
+        dispatching(settings),
+    ):
+        for update_id in range(1, 31):
+            await store.add("shop", update_id, message(update_id), now_ms())
+        await until(url, lambda r: all(row[0] is not None for row in r) and len(r) == 30,
+                    "acknowledged_at", within=30)  # fmt: skip
+    delivered = sorted(json.loads(r.body)["update_id"] for r in downstream.exhaustions)
+    assert delivered == list(range(1, 31))
 
 
 async def test_a_failing_exhaustion_does_not_starve_the_ones_after_it(
@@ -379,11 +423,53 @@ async def test_stop_hands_unfinished_attempts_back_for_another_worker(
     async with dispatching(settings) as (_, store):
         await store.add("shop", 1, message(1), now_ms())
         await eventually(lambda: downstream.received)
-    assert rows(url) == [(1, "failed", 1, HANDED_BACK)]
+    assert rows(url) == [(1, "failed", 1, None)]  # no error: nothing went wrong
     assert rows(url, "due_at")[0][0] <= now_ms()  # due at once, not in 60 s
     async with dispatching(settings):
         await until(url, lambda r: r[0][1] == "completed")
     assert [r.attempt for r in downstream.received] == [1, 2]
+
+
+async def test_stop_ends_within_its_bound_while_the_database_hangs(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection, downstream: FakeDownstream
+) -> None:
+    """Issue 14, item 3: the hand-back's settle cannot commit while another session holds the
+    table; before, stop retried it for as long as the lease held (here 30 s)."""
+    downstream.answer = hang
+    url = postgres_storage.url()
+    grace = 0.2
+    settings = settings_for(url, bot(downstream, lease_seconds=30), shutdown_grace_seconds=grace)
+    async with dispatching(settings) as (worker, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await eventually(lambda: downstream.received)
+        with table_locked(postgres_admin, url):
+            began = time.monotonic()
+            await worker.stop()
+            took = time.monotonic() - began
+    assert took < grace + STOP_BOUND_SECONDS + 2, took
+    # Not handed back: the lease is left to lapse, and another worker retakes the update then.
+    assert rows(url, "state", "attempts") == [("processing", 1)]
+
+
+async def test_a_hand_back_spends_no_attempt_and_keeps_the_last_real_error(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    """A rolling restart during a slow handler must not exhaust the update (issue 14, item 6):
+    with a budget of 2, attempt 1 fails for real, attempt 2 is handed back by a stopping
+    worker, and attempt 3 still runs and completes."""
+    downstream.answer = by_attempt(status(502), hang, ok)
+    url = storage.url()
+    shop = bot(downstream, lease_seconds=60, max_attempts=2)
+    settings = settings_for(url, shop, shutdown_grace_seconds=0.2)
+    async with dispatching(settings) as (_, store):
+        await store.add("shop", 1, message(1), now_ms())
+        await eventually(lambda: len(downstream.received) == 2)
+    [(state, attempts, uncounted, error)] = rows(url, "state", "attempts", "uncounted", "error")
+    assert (state, attempts, uncounted) == ("failed", 2, 1)
+    assert error.startswith("HTTP 502")  # attempt 1's error, not the stop's
+    async with dispatching(settings):
+        await until(url, lambda r: r[0][1] == "completed")
+    assert [r.attempt for r in downstream.received] == [1, 2, 3]
 
 
 async def test_the_breaker_stops_claiming_while_the_downstream_is_down_then_closes(
@@ -547,7 +633,7 @@ async def test_an_attempt_cancelled_before_it_starts_gives_its_capacity_back(
     async with dispatching(settings_for(storage.url(), bot(downstream))) as (worker, _):
         lane = worker._lanes[0]
         identity = ClaimIdentity("shop", 1, 1, "never-claimed")
-        claimed = Claimed(identity, message(1), "message", "42", now_ms())
+        claimed = Claimed(identity, message(1), "message", "42", now_ms(), counted=1)
         attempt = worker._claims.start(lane, claimed, now_ms() + 5_000, now_ms())
         assert worker.in_flight == 1
         assert attempt.task is not None

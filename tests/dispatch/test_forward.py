@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -65,9 +66,26 @@ async def test_forward_signs_with_standard_webhooks() -> None:
         Webhook(SIGNING).verify(request.content.replace(b"12", b"13"), headers)
 
 
+async def test_forward_sends_the_recording_time_signed_with_the_identity() -> None:
+    # X-Intake-Received-At and the attempt are the fencing token of app.kit.fence; the
+    # identity signature covers both, at the same webhook-timestamp as the body's signature.
+    target, sent = downstream(signing_secret=SecretStr(SIGNING))
+    await target.forward(IDENTITY, BODY, lease_until=0, received_at=1_700_000_000_123)
+    (request,) = sent
+    assert request.headers["x-intake-received-at"] == "1700000000123"
+    at = datetime.fromtimestamp(int(request.headers["webhook-timestamp"]), tz=UTC)
+    signed = "identity:shop:12:3:1700000000123:2b0f6f0e-claim"
+    assert request.headers["x-intake-identity-signature"] == Webhook(SIGNING).sign(signed, at, "")
+    unsigned, sent = downstream()
+    await unsigned.forward(IDENTITY, BODY, lease_until=0, received_at=1_700_000_000_123)
+    (request,) = sent
+    assert request.headers["x-intake-received-at"] == "1700000000123"
+    assert "x-intake-identity-signature" not in request.headers  # no signing secret
+
+
 async def test_a_plain_bot_forwards_the_bare_update() -> None:
-    target, sent = downstream(mode="plain")
-    await target.forward(IDENTITY, BODY, lease_until=0)
+    target, sent = downstream(mode="plain", signing_secret=SecretStr(SIGNING))
+    await target.forward(IDENTITY, BODY, lease_until=0, received_at=1_700_000_000_123)
     (request,) = sent
     assert not [name for name in request.headers if name.startswith("x-intake-")]
     assert "x-telegram-bot-api-secret-token" not in request.headers

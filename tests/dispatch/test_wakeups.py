@@ -1,13 +1,16 @@
 """Idle workers wake at once: in-process when the intake shares the process, by the PostgreSQL
-NOTIFY of the intake's commit when it does not. Each test polls only every 30 s, so a prompt
-delivery is a wake-up."""
+NOTIFY of the intake's commit when it does not (behind PgBouncer: over a direct URL for LISTEN,
+or by polling). Each test polls only every 30 s, so a prompt delivery is a wake-up."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 import httpx
+import pytest
+from sqlalchemy.engine import make_url
 
 from app.main import create_app
 from app.store import Completed, open_store
@@ -23,6 +26,7 @@ from tests.downstream import (
     now_ms,
     settings_for,
 )
+from tests.pgbouncer import BouncedStorage
 
 SLOW_POLL = {"poll_interval_seconds": 30}
 
@@ -102,3 +106,50 @@ async def test_settle_many_owned_names_the_settled_keys_whose_chat_has_more(
         assert waiting == {("shop", 1)}
     finally:
         await store.close()
+
+
+async def test_behind_pgbouncer_a_worker_wakes_through_its_direct_listen_url(
+    pgbouncer_storage: BouncedStorage, downstream: FakeDownstream
+) -> None:
+    # Through PgBouncer's transaction pooling a LISTEN lasts one transaction: the wake-ups
+    # come over INTAKE_LISTEN_DATABASE_URL, a session of its own to the same database.
+    url = pgbouncer_storage.url()
+    direct = pgbouncer_storage.direct_url(str(make_url(url).database))
+    behind = {"database_pgbouncer": True, "listen_database_url": direct}
+    async with dispatching(settings_for(url, bot(downstream), **behind, **SLOW_POLL)) as (
+        worker,
+        _,
+    ):
+        intake_store = await open_store(url, pgbouncer=True)  # another process, through PgBouncer
+        try:
+            await asyncio.wait_for(worker.listening.wait(), 5)
+            await eventually(lambda: worker.claim_passes >= 2)
+            await intake_store.add("shop", 1, message(1), now_ms())  # its commit notifies
+            await eventually(lambda: downstream.received, within=5)
+        finally:
+            await intake_store.close()
+
+
+async def test_behind_pgbouncer_without_a_listen_url_workers_poll_and_say_so_once(
+    pgbouncer_storage: BouncedStorage,
+    downstream: FakeDownstream,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = pgbouncer_storage.url()
+    settings = settings_for(
+        url, bot(downstream), database_pgbouncer=True, poll_interval_seconds=0.5
+    )
+    with caplog.at_level(logging.WARNING, logger="app.store.postgres"):
+        async with dispatching(settings) as (worker, _):
+            intake_store = await open_store(url, pgbouncer=True)
+            try:
+                await eventually(lambda: worker.claim_passes >= 2)
+                await intake_store.add("shop", 1, message(1), now_ms())
+                await eventually(lambda: downstream.received, within=5)  # the next poll
+            finally:
+                await intake_store.close()
+            assert not worker.listening.is_set()
+            assert worker.problems() == []  # the listener's return is no death
+    told = [r.getMessage() for r in caplog.records if "wake-ups from other" in r.getMessage()]
+    assert len(told) == 1, told
+    assert "INTAKE_LISTEN_DATABASE_URL" in told[0]

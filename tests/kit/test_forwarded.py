@@ -24,7 +24,8 @@ from starlette.routing import Route
 from app.config import BotSettings
 from app.dispatch.forward import Downstream, open_transport
 from app.dispatch.maintenance import exhaustion_payload
-from app.kit import Forwarded, Identity, Rejected, read_forwarded, sign
+from app.kit import FenceToken, Forwarded, Identity, Rejected, read_forwarded, sign
+from app.kit.forwarded import identity_message
 from app.store import ClaimIdentity, Exhaustion
 from tests.conftest import serve_asgi
 
@@ -35,6 +36,8 @@ SENT_AT = datetime(2026, 12, 1, 12, 0, 7, tzinfo=UTC)
 NOW = SENT_AT.timestamp()
 IDENTITY = Identity(bot="shop", update_id=12, attempt=3, claim_id="2b0f6f0e-claim")
 LEASE = 1_796_126_467_000
+RECEIVED_AT = 1_796_126_400_123
+IDENTITY_SIGNATURE = "x-intake-identity-signature"
 BODY = '{"update_id": 12, "message": {"text": "h\\u00e9llo"}}'
 
 
@@ -55,6 +58,9 @@ def signed(
         headers["x-intake-attempt"] = str(identity.attempt)
         headers["x-intake-claim-id"] = identity.claim_id
         headers["x-intake-lease-expires-at"] = str(LEASE)
+        headers["x-intake-received-at"] = str(RECEIVED_AT)
+        signed_identity = identity_message(identity, RECEIVED_AT)
+        headers["x-intake-identity-signature"] = Webhook(secret).sign(signed_identity, at, "")
     if message_id is None:
         message_id = f"shop:{json.loads(body)['update_id']}" if identity is None else identity.key()
     headers["webhook-id"] = message_id
@@ -72,9 +78,57 @@ def test_read_forwarded_accepts_what_the_service_signs() -> None:
     forwarded = read(signed(), secret_token=TOKEN)
     assert forwarded.identity == IDENTITY
     assert forwarded.lease_expires_at == LEASE
+    assert forwarded.received_at == RECEIVED_AT
+    assert forwarded.fence_token == FenceToken(IDENTITY, RECEIVED_AT)
     assert forwarded.update == {"update_id": 12, "message": {"text": "héllo"}}
     assert forwarded.update_id == 12
     assert forwarded.body == BODY.encode()
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("x_intake_received_at", str(RECEIVED_AT + 1)),
+        ("x_intake_attempt", "4"),
+        ("x_intake_claim_id", "2b0f6f0e-claim:4"),
+        ("x_intake_identity_signature", signed(secret=OTHER_SIGNING)[IDENTITY_SIGNATURE]),
+    ],
+    ids=["a later received_at", "another attempt", "another claim_id", "another secret"],
+)
+def test_read_forwarded_rejects_a_fence_token_altered_in_flight(header: str, value: str) -> None:
+    # The body and webhook-id are what webhook-signature covers; the identity and the
+    # recording time, which order a stale attempt before a newer one at the fence, are
+    # covered by X-Intake-Identity-Signature. A secret token alone covers nothing.
+    headers = _with(**{header: value})
+    with pytest.raises(Rejected, match="X-Intake-Identity-Signature does not match"):
+        read(headers)
+    assert read_forwarded(headers, BODY.encode(), secret_token=TOKEN).identity is not None
+
+
+def test_read_forwarded_refuses_a_received_at_that_is_not_signed() -> None:
+    with pytest.raises(Rejected, match="X-Intake-Received-At came without"):
+        read(_without("x-intake-identity-signature"))
+    with pytest.raises(Rejected, match="came without X-Intake-Received-At"):
+        read(_without("x-intake-received-at"))
+
+
+def test_read_forwarded_reads_a_service_that_sends_no_fence_token() -> None:
+    # A service from before the fencing token: its identity passes, unsigned, as before; its
+    # request has no token, so it cannot pass a fence.
+    forwarded = read(_without("x-intake-received-at", "x-intake-identity-signature"))
+    assert forwarded.identity == IDENTITY
+    assert forwarded.received_at is None
+    assert forwarded.fence_token is None
+
+
+def test_read_forwarded_gives_no_fence_token_for_a_plain_bot() -> None:
+    assert read(signed(identity=None)).fence_token is None
+
+
+def test_a_fence_token_needs_epoch_milliseconds() -> None:
+    for received_at in (-1, 2**63, 1.5, True):
+        with pytest.raises(ValueError, match="received_at"):
+            FenceToken(IDENTITY, received_at)  # type: ignore[arg-type]
 
 
 def test_read_forwarded_matches_header_names_whatever_their_case() -> None:
@@ -245,6 +299,10 @@ def test_read_forwarded_rejects_a_missing_identity_header(header: str) -> None:
         ("x_intake_update_id", "1\u00b2"),
         ("x_intake_lease_expires_at", "\u00b3"),
         ("x_intake_lease_expires_at", "soon"),
+        ("x_intake_received_at", "soon"),
+        ("x_intake_received_at", "-1"),
+        ("x_intake_received_at", str(2**63)),
+        ("x_intake_received_at", "1\u00b2"),
         ("x_intake_bot", "Shop"),
         ("x_intake_claim_id", ""),
     ],
@@ -358,7 +416,9 @@ def _bot(url: str, **options: object) -> BotSettings:
 async def _forward(bot: BotSettings, identity: ClaimIdentity, body: str) -> str:
     transport = open_transport(max_connections=4)
     try:
-        outcome = await Downstream(bot, transport).forward(identity, body, lease_until=LEASE)
+        outcome = await Downstream(bot, transport).forward(
+            identity, body, lease_until=LEASE, received_at=RECEIVED_AT
+        )
     finally:
         await transport.aclose()
     return outcome.kind
@@ -374,6 +434,7 @@ async def test_the_kit_verifies_what_the_real_forwarder_sends(
     (forwarded,) = made.accepted
     assert forwarded.identity == IDENTITY
     assert forwarded.lease_expires_at == LEASE
+    assert forwarded.fence_token == FenceToken(IDENTITY, RECEIVED_AT)
     assert forwarded.body == BODY.encode()
     assert forwarded.update["message"] == {"text": "héllo"}
 
@@ -386,6 +447,7 @@ async def test_the_kit_verifies_what_the_real_forwarder_sends_for_a_plain_bot(
     assert await _forward(_bot(url, mode="plain"), claim, BODY) == "completed"
     (forwarded,) = made.accepted
     assert forwarded.identity is None
+    assert forwarded.fence_token is None
     assert forwarded.update_id == 12
 
 

@@ -1,5 +1,6 @@
 """The kit imports with none of the service's own dependencies: a downstream installs only
-httpx and pydantic. Checked in a fresh interpreter whose imports of those packages fail."""
+httpx and pydantic, and SQLAlchemy for the fence (`app.kit.fence`). Checked in a fresh
+interpreter whose imports of those packages fail."""
 
 from __future__ import annotations
 
@@ -22,12 +23,15 @@ BLOCKED = (
     "app.store",
 )
 
-# Runs first in the child: any import of a blocked package (or a submodule) raises.
-BLOCKER = textwrap.dedent(
-    f"""
+
+def blocker(blocked: tuple[str, ...]) -> str:
+    """What runs first in the child: any import of a blocked package (or a submodule)
+    raises."""
+    return textwrap.dedent(
+        f"""
     import sys
 
-    BLOCKED = {BLOCKED!r}
+    BLOCKED = {blocked!r}
 
     class Refuse:
         def find_spec(self, name, path=None, target=None):
@@ -39,7 +43,8 @@ BLOCKER = textwrap.dedent(
     assert not already, f"imported before the blocker: {{already}}"
     sys.meta_path.insert(0, Refuse())
     """
-)
+    )
+
 
 USE_THE_KIT = textwrap.dedent(
     """
@@ -80,9 +85,31 @@ USE_THE_KIT = textwrap.dedent(
 )
 
 
-def _run(code: str) -> subprocess.CompletedProcess[str]:
+# The fence needs SQLAlchemy, and nothing else of the service: a synchronous SQLite engine
+# (the standard library's driver) with the kit's table, in a downstream's transaction.
+USE_THE_FENCE = textwrap.dedent(
+    """
+    from sqlalchemy import create_engine
+    from app.kit import FenceToken, Identity
+    from app.kit.fence import admit_sync, create_fence_sync
+
+    engine = create_engine("sqlite://")
+    token = FenceToken(Identity(bot="shop", update_id=7, attempt=2, claim_id="c-2"), 1)
+    with engine.begin() as connection:
+        create_fence_sync(connection)
+        assert admit_sync(connection, token)
+        older = FenceToken(Identity(bot="shop", update_id=7, attempt=1, claim_id="c-1"), 1)
+        assert not admit_sync(connection, older)
+    loaded = [n for n in sys.modules if any(n == b or n.startswith(b + ".") for b in BLOCKED)]
+    assert not loaded, loaded
+    print("fence ok")
+    """
+)
+
+
+def _run(code: str, blocked: tuple[str, ...] = BLOCKED) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", BLOCKER + code],
+        [sys.executable, "-c", blocker(blocked) + code],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -94,6 +121,12 @@ def test_the_kit_works_without_the_services_dependencies() -> None:
     done = _run(USE_THE_KIT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "kit ok"
+
+
+def test_the_fence_works_with_sqlalchemy_alone() -> None:
+    done = _run(USE_THE_FENCE, tuple(name for name in BLOCKED if name != "sqlalchemy"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "fence ok"
 
 
 def test_the_blocker_stops_the_service_itself() -> None:

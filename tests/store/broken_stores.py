@@ -9,15 +9,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from typing import Any
+from unittest import mock
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, Table, false, select, update
 
 from app.store import (
     Claimed,
     ClaimIdentity,
+    Exhaustion,
+    Failed,
+    HandedBack,
     NewUpdate,
     Settlement,
     SqlUpdateStore,
+    chat_order,
     predicates,
     queries,
 )
@@ -160,7 +165,7 @@ class SettleOwnedIgnoresAttempt(SqlUpdateStore):
                 t.c.state == "processing",
                 t.c.due_at >= settlement.at,
             )
-            .values(predicates.settle_values(settlement))
+            .values(predicates.settle_values(t, settlement))
             .returning(t.c.state)
         )
         return await self._changed(statement)
@@ -218,4 +223,50 @@ class AddManyOverwrites(SqlUpdateStore):
 
 CONTROLS[AddManyOverwrites] = (
     "a batch insert records each new key once and leaves every recorded key as it was"
+)
+
+
+class HandBackSpendsAnAttempt(SqlUpdateStore):
+    """A hand-back settled as a retry due at once: it spends an attempt and loses the error."""
+
+    async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
+        if isinstance(settlement, HandedBack):
+            settlement = Failed(settlement.at, settlement.at, "handed back")
+        return await super().settle_owned(identity, settlement)
+
+
+class TakeLeasesNothing(SqlUpdateStore):
+    """Every caller gets every due exhaustion: each process delivers each one."""
+
+    async def take_exhaustions(  # type: ignore[override]
+        self, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
+    ) -> list[Exhaustion]:
+        return await super().take_exhaustions(now=now, lease_until=now + 1, limit=limit, bots=bots)
+
+
+CONTROLS[HandBackSpendsAnAttempt] = (
+    "a hand-back spends no attempt, keeps the last error and is fenced"
+)
+CONTROLS[TakeLeasesNothing] = (
+    "each open exhaustion is leased to one deliverer, and its backoff is kept"
+)
+
+
+class ClaimNextWalksOnlyTheWindow(SqlUpdateStore):
+    """Chat order by the due-order walk over its window alone, without the walk over the
+    chat heads: a queue whose head waits, with a long backlog due first, starves the rest."""
+
+    async def claim_next_owned(self, **arguments: Any) -> list[Claimed]:  # type: ignore[override]
+        def no_heads(t: Table, **_: Any) -> Select[Any]:
+            return select(t.c.bot, t.c.update_id).where(false())
+
+        with (
+            mock.patch.object(chat_order, "_heads_lateral", no_heads),
+            mock.patch.object(chat_order, "_heads_scalar", no_heads),
+        ):
+            return await super().claim_next_owned(**arguments)
+
+
+CONTROLS[ClaimNextWalksOnlyTheWindow] = (
+    "claim_next_owned with chat ordering reaches the queues behind a long blocked one"
 )

@@ -28,13 +28,15 @@ def emptied_stores(
         return (
             opened
             if kind is SqlUpdateStore
-            else kind(opened.engine, opened.table.name, opened.capability)
+            else kind(opened.engine, opened.table.name, opened.revision)
         )
 
     return make_store
 
 
-@pytest.mark.parametrize(("revision", "level"), [("0001", "base"), ("head", "durable")])
+@pytest.mark.parametrize(
+    ("revision", "level"), [("0001", "base"), ("0002", "base"), ("head", "durable")]
+)
 async def test_store_conforms_at_every_level(storage: Storage, revision: str, level: str) -> None:
     stores = emptied_stores(storage, revision)
 

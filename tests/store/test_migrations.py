@@ -21,13 +21,20 @@ from sqlalchemy import Connection, inspect, text
 from app.store import ClaimIdentity, Completed, DueUpdate, SchemaError, SqlUpdateStore, open_store
 from app.store.engine import create_sync_engine
 from app.store.migrate import current_revision, downgrade, upgrade
-from app.store.schema import DEFAULT_TABLE, make_metadata, owns_function_name, version_table_name
+from app.store.schema import (
+    DEFAULT_TABLE,
+    HEAD,
+    make_metadata,
+    owns_function_name,
+    version_table_name,
+)
 from tests.conftest import Storage, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = DEFAULT_TABLE
 BASE_COLUMNS = tuple(make_metadata(revision="0001").tables[TABLE].c.keys())
 NEW_COLUMNS = ("claim_id", "exhausted_at", "acknowledged_at")
+BUDGET_COLUMNS = ("uncounted", "delivery_due_at", "deliveries")  # revision 0003
 NOW = 1_800_000_000_000
 LEASE = {"now": NOW, "lease_until": NOW + 30_000, "max_attempts": 3}
 TOP = 2**63 - 1
@@ -127,7 +134,7 @@ def _owns_function_exists(url: str) -> bool:
         return bool(connection.scalar(text(query), {"name": owns_function_name(TABLE)}))
 
 
-@pytest.mark.parametrize("revision", ["0001", "0002"])
+@pytest.mark.parametrize("revision", ["0001", "0002", "0003"])
 def test_upgrade_matches_the_metadata_of_its_revision(storage: Storage, revision: str) -> None:
     _assert_schema_is(storage, storage.url(revision), revision)
 
@@ -140,6 +147,7 @@ async def test_upgrade_keeps_rows_in_every_state(storage: Storage) -> None:
 
     assert table_rows(url, *BASE_COLUMNS) == _as_tuples(ROWS)
     assert table_rows(url, *NEW_COLUMNS) == [(None, None, None)] * len(ROWS)
+    assert table_rows(url, *BUDGET_COLUMNS) == [(0, None, 0)] * len(ROWS)
     async with _opened(url) as store:
         assert store.capability == "durable"
         identity = await store.claim_owned("bot-a", TOP, **LEASE)
@@ -170,7 +178,7 @@ async def test_downgrade_to_0001_and_back(storage: Storage) -> None:
     assert table_rows(url, *BASE_COLUMNS) == _as_tuples(ROWS)
     # The 0002 columns were dropped on the way down.
     assert table_rows(url, *NEW_COLUMNS) == [(None, None, None)] * len(ROWS)
-    _assert_schema_is(storage, url, "0002")
+    _assert_schema_is(storage, url, HEAD)
     async with _opened(url) as store:
         assert store.capability == "durable"
 
@@ -188,8 +196,47 @@ async def test_downgrade_below_0002_refuses_to_lose_an_open_exhaustion(storage: 
     with pytest.raises(RuntimeError, match="1 unacknowledged exhaustions"):
         downgrade(url, "0001")
 
-    assert current_revision(url) == "0002"
+    assert current_revision(url) == HEAD
     assert table_rows(url, *NEW_COLUMNS) == [("c-e", NOW - 50, None)]
+
+
+async def test_0003_makes_open_exhaustions_due_for_delivery_and_goes_back_losing_nothing(
+    storage: Storage,
+) -> None:
+    url = storage.url("0002")
+    open_exhaustion = {"claim_id": "c-e", "exhausted_at": NOW - 50, "acknowledged_at": None}
+    acknowledged = {"claim_id": "c-b", "exhausted_at": NOW - 60, "acknowledged_at": NOW - 5}
+    rows = [*ROWS[:3], ROWS[3] | acknowledged, ROWS[4] | open_exhaustion]
+    _insert(url, rows)
+
+    upgrade(url)
+
+    # Only the open exhaustion is due for delivery: at once, as it was under 0002.
+    assert table_rows(url, *BUDGET_COLUMNS) == [(0, None, 0)] * 4 + [(0, NOW - 50, 0)]
+    async with _opened(url) as store:
+        taken = await store.take_exhaustions(
+            now=NOW, lease_until=NOW + 1_000, limit=10, bots=["bot-d", "bot-e"]
+        )
+        assert [e.identity for e in taken] == [ClaimIdentity("bot-e", TOP - 1, 5, "c-e")]
+
+    downgrade(url, "0002")
+
+    assert table_rows(url, *BASE_COLUMNS, *NEW_COLUMNS) == [
+        tuple(row.get(name) for name in (*BASE_COLUMNS, *NEW_COLUMNS)) for row in rows
+    ]
+    _assert_schema_is(storage, url, "0002")
+
+
+async def test_a_0002_table_serves_plain_bots_and_names_the_upgrade_for_the_rest(
+    storage: Storage,
+) -> None:
+    url = storage.url("0002")
+    async with _opened(url) as store:
+        assert store.capability == "base"
+        assert await store.add("bot-a", 1, BODY, NOW - 1)
+        assert await store.claim("bot-a", 1, **LEASE) == 1
+        with pytest.raises(SchemaError, match=r"revision 0002 .*alembic upgrade head"):
+            await store.claim_next_owned(limit=10, **LEASE)
 
 
 IDENTITY = ClaimIdentity("bot-a", 1, 1, "c")
@@ -258,7 +305,7 @@ def test_alembic_command_line_uses_intake_database_url(storage: Storage) -> None
     env = {"INTAKE_DATABASE_URL": url}
 
     _finish(_run("-m", "alembic", "upgrade", "head", env=env))
-    assert current_revision(url) == "0002"
+    assert current_revision(url) == HEAD
 
     _finish(_run("-m", "alembic", "downgrade", "base", env=env))
     assert current_revision(url) is None
@@ -305,7 +352,7 @@ def _race(url: str, gate_dir: Path, processes: int = 4) -> None:
     assert [out.strip() for (out, _), _ in outcomes] == ["durable"] * processes
     with _connect(url) as connection:
         versions = connection.execute(text(f"SELECT * FROM {version_table_name(TABLE)}"))
-        assert [tuple(row) for row in versions] == [("0002",)]
+        assert [tuple(row) for row in versions] == [(HEAD,)]
 
 
 @pytest.mark.slow
@@ -356,4 +403,4 @@ def test_upgrade_downgrade_upgrade_keeps_ten_thousand_postgres_rows(
     for step in (lambda: upgrade(url), lambda: downgrade(url, "0001"), lambda: upgrade(url)):
         step()
         assert fingerprint() == before
-    assert current_revision(url) == "0002"
+    assert current_revision(url) == HEAD

@@ -9,7 +9,8 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from app.store import ClaimIdentity, SqlUpdateStore, StoreUnavailable, open_store
+from app.dispatch.settler import Settler
+from app.store import ClaimIdentity, Completed, SqlUpdateStore, StoreUnavailable, open_store
 from tests.conftest import Storage, table_locked
 
 
@@ -231,5 +232,83 @@ async def test_a_statement_running_past_the_statement_timeout_is_store_unavailab
             async with store.transaction() as connection:
                 await connection.exec_driver_sql("SELECT pg_sleep(5)")
         await store.ping()  # the connection is still good
+    finally:
+        await store.close()
+
+
+async def _two_claimed(store: SqlUpdateStore) -> tuple[ClaimIdentity, ClaimIdentity]:
+    for update_id in (1, 2):
+        await store.add("shop", update_id, f'{{"update_id": {update_id}}}', 0)
+    now = _now()
+    claimed = await store.claim_next_owned(
+        now=now, lease_until=now + 60_000, max_attempts=3, limit=2, ordering="none"
+    )
+    first, second = (c.identity for c in claimed)
+    return first, second
+
+
+async def test_a_batch_settle_skips_a_row_another_transaction_holds_and_says_so(
+    postgres_storage: Storage,
+) -> None:
+    """Issue 14, item 3: one locked row (here a downstream's `owns` inside its transaction)
+    held up the whole batch, and with it every settle of the process, until the lock timeout."""
+    store = await open_store(postgres_storage.url(), lock_timeout_ms=30_000)
+    try:
+        locked, free = await _two_claimed(store)
+        async with store.transaction() as held:
+            assert await store.owns(locked, _now(), connection=held)  # FOR UPDATE until commit
+            batch = [(locked, Completed(_now())), (free, Completed(_now()))]
+            async with asyncio.timeout(5):  # the lock would hold it 30 s
+                assert await store.settle_many_owned(batch) == [None, True]
+        assert await store.settle_many_owned([(locked, Completed(_now()))]) == [True]
+        assert await store.settle_many_owned([(free, Completed(_now()))]) == [False]
+    finally:
+        await store.close()
+
+
+async def test_the_settler_settles_a_locked_row_alone_and_the_rest_at_once(
+    postgres_storage: Storage,
+) -> None:
+    store = await open_store(postgres_storage.url(), lock_timeout_ms=30_000)
+    settler = Settler(store)
+    await settler.start()
+    try:
+        locked, free = await _two_claimed(store)
+        async with store.transaction() as held:
+            assert await store.owns(locked, _now(), connection=held)
+            waits = asyncio.create_task(settler.submit((locked, Completed(_now()))))
+            async with asyncio.timeout(5):
+                assert (await settler.submit((free, Completed(_now())))).took_effect
+            assert not waits.done()  # it waits for the row, alone
+        async with asyncio.timeout(5):
+            assert (await waits).took_effect
+    finally:
+        await settler.stop()
+        await store.close()
+
+
+async def test_one_process_prunes_a_table_at_a_time(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    """Issue 14, item 5: every worker process pruned the same rows at once, each batch waiting
+    on the other's row locks. While another process's batch holds the prune, a prune stops."""
+    url = postgres_storage.url()
+    store = await open_store(url)
+    try:
+        for update_id in range(1, 4):
+            await store.add("shop", update_id, f'{{"update_id": {update_id}}}', 0)
+        now = _now()
+        claimed = await store.claim_next_owned(
+            now=now, lease_until=now + 60_000, max_attempts=3, limit=3, ordering="none"
+        )
+        await store.settle_many_owned([(c.identity, Completed(now)) for c in claimed])
+        schema = make_url(url).query["options"].removeprefix("-csearch_path=")
+        table = f"{schema}.telegram_updates"
+        with psycopg.connect(postgres_admin.info.dsn) as other:  # another process's batch
+            held = "SELECT pg_advisory_xact_lock(hashtext('prune'), to_regclass(%s)::oid::int)"
+            other.execute(held, (table,))
+            assert await store.prune(now + 1) == 0
+            other.rollback()
+        assert await store.prune(now + 1) == 3
     finally:
         await store.close()

@@ -66,6 +66,7 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
             ordering="chat",
             bots=None,
             durable_exhaustion=True,
+            lateral=store.dialect == "postgresql",
         ),
         "claim_next_owned none": queries.claim_next_owned(
             t,
@@ -76,6 +77,7 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
             ordering="none",
             bots=["shop"],
             durable_exhaustion=False,
+            lateral=store.dialect == "postgresql",
         ),
         "renew_owned": queries.renew_owned(t, identity=IDENTITY, lease_until=LEASE, now=NOW),
         "owns": queries.owns(t, identity=IDENTITY, at=NOW, lock=True),

@@ -238,13 +238,13 @@ async def test_prune_deletes_in_bounded_batches_until_none_is_left(
     store = await open_store(storage.url())
     try:
         statements: list[str] = []
-        original = store._write
+        original = store.transaction
 
         def counted() -> Any:
-            statements.append("write")
+            statements.append("transaction")
             return original()
 
-        monkeypatch.setattr(store, "_write", counted)
+        monkeypatch.setattr(store, "transaction", counted)
         for update_id in range(1, 11):
             await store.add("shop", update_id, f'{{"update_id": {update_id}}}', 0)
             attempt = await store.claim("shop", update_id, now=1, lease_until=5, max_attempts=3)

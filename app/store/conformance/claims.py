@@ -16,7 +16,7 @@ from app.store.conformance._core import (
     _two_claims,
 )
 from app.store.contract import FencedUpdateStore, UpdateStore
-from app.store.types import Completed, Failed
+from app.store.types import ClaimIdentity, Completed, Failed
 
 # -- base ------------------------------------------------------------------------------------
 
@@ -176,3 +176,41 @@ async def _chat_ordering(store: FencedUpdateStore, f: _Findings) -> None:
     )
     taken = sorted(c.identity.update_id for batch in batches for c in batch)
     f.equal(taken, [20], "concurrent callers on one queue")
+
+
+@_rule("claim_next_owned with chat ordering reaches the queues behind a long blocked one", "fenced")
+async def _behind_a_blocked_queue(store: FencedUpdateStore, f: _Findings) -> None:
+    # Queue "hot": its head failed and waits for its retry at 10_000, with 60 rows behind it,
+    # all due before anything else. Behind those: queues a, b and c, an unqueued row, and a
+    # row of the other bot due before all of them.
+    await store.add(BOT, 1, _body(1), 0, update_type="message", queue_key="hot")
+    head = await store.claim_owned(BOT, 1, now=5, lease_until=50, max_attempts=3)
+    if head is None:
+        f.expect(False, "claim_owned of the hot queue's head gave None")
+        return
+    await store.settle_owned(head, Failed(5, 10_000, "retry"))
+    for update_id in range(2, 62):
+        await store.add(BOT, update_id, _body(update_id), update_id, queue_key="hot")
+    for update_id, queue_key in ((100, "a"), (101, "b"), (102, "c"), (104, "a"), (105, "b")):
+        await store.add(BOT, update_id, _body(update_id), update_id, queue_key=queue_key)
+    await store.add(BOT, 103, _body(103), 103, update_type="poll")
+    await store.add(OTHER_BOT, 200, _body(200), 99, queue_key="a")
+    held: dict[int, ClaimIdentity] = {}
+
+    async def take(now: int, limit: int, bots: list[str] | None = None) -> list[int]:
+        batch = await store.claim_next_owned(
+            now=now, lease_until=50_000, max_attempts=3, limit=limit, bots=bots
+        )
+        held.update((c.identity.update_id, c.identity) for c in batch)
+        return sorted(c.identity.update_id for c in batch)
+
+    # Small limits: whatever window of due rows a store walks first, these lie past it.
+    f.equal(await take(1_000, 2, [BOT]), [100, 101], "the two oldest due heads behind the queue")
+    f.equal(await take(1_000, 2, [BOT]), [102, 103], "the next head and the unqueued row")
+    f.equal(await take(1_000, 3, [BOT]), [], "with every other head in flight")
+    for update_id in (100, 101):
+        if update_id in held:
+            await store.settle_owned(held[update_id], Completed(1_000))
+    f.equal(await take(1_000, 5, [BOT]), [104, 105], "the heads freed by their settles")
+    f.equal(await take(1_000, 5), [200], "the other bot's head, with no bot filter")
+    f.equal(await take(10_000, 5), [1], "the hot queue's head once its retry is due")

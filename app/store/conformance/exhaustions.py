@@ -1,4 +1,5 @@
-"""Rules for the durable level: exhaust, due_exhaustions, acknowledge_exhaustion, and which
+"""Rules for the durable level: exhaust, due_exhaustions, acknowledge_exhaustion, the delivery
+lease (take_exhaustions, delivery_failed), and which
 spent claims and settles end as a listed exhaustion."""
 
 from __future__ import annotations
@@ -187,3 +188,32 @@ async def _abandon(store: DurableUpdateStore, f: _Findings) -> None:
     f.equal(await store.settle_owned(identity, Abandoned(20, "unsupported")), True, "abandon")
     f.equal(await store.due_exhaustions(limit=10), [], "exhaustions after abandon")
     f.equal(await store.prune(21), 1, "prune of the abandoned row")
+
+
+@_rule("each open exhaustion is leased to one deliverer, and its backoff is kept", "durable")
+async def _delivery_lease(store: DurableUpdateStore, f: _Findings) -> None:
+    last = await _spent(store, 1)
+    other = await _spent(store, 2, bot=OTHER_BOT)
+
+    async def take(now: int, bot: str = BOT) -> list[tuple[ClaimIdentity, int]]:
+        lease_until = max(400, now + 1)
+        taken = await store.take_exhaustions(now=now, lease_until=lease_until, limit=10, bots=[bot])
+        return [(e.identity, e.deliveries) for e in taken]
+
+    f.equal(await take(200), [], "take before the exhaustion (at 201)")
+    f.equal(await take(300), [(last, 0)], "take once it is due")
+    f.equal(await take(300), [], "a second take while the first one's lease lives")
+    f.equal(await take(399), [], "a take just before the lease ends")
+    f.equal(await take(300, OTHER_BOT), [(other, 0)], "another bot's exhaustion")
+    taken = await store.take_exhaustions(now=400, lease_until=500, limit=10, bots=[BOT])
+    f.equal([e.identity for e in taken], [last], "a take once the lease has lapsed")
+    if not taken:
+        return
+    f.equal(taken[0].body, _body(1), "the body taken")
+    f.equal(await store.delivery_failed(taken[0], 1_000), True, "a failed delivery")
+    f.equal(await store.delivery_failed(taken[0], 2_000), False, "the same failure again")
+    f.equal(await take(999), [], "a take before the retry time")
+    again = await store.take_exhaustions(now=1_000, lease_until=1_100, limit=10, bots=[BOT])
+    f.equal([(e.identity, e.deliveries) for e in again], [(last, 1)], "a take at the retry")
+    f.equal(await store.acknowledge_exhaustion(last, 1_050), True, "the acknowledgement")
+    f.equal(await take(10**9), [], "a take after the acknowledgement")

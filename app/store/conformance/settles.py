@@ -18,7 +18,7 @@ from app.store.conformance._core import (
     _two_claims,
 )
 from app.store.contract import FencedUpdateStore, UpdateStore
-from app.store.types import Abandoned, ClaimIdentity, Completed, Failed
+from app.store.types import Abandoned, ClaimIdentity, Completed, Failed, HandedBack
 
 # -- base ------------------------------------------------------------------------------------
 
@@ -178,3 +178,49 @@ async def _owns_blocks_reclaim(store: FencedUpdateStore, f: _Findings) -> None:
     )
     f.equal(None if second is None else second.attempt, 2, "the reclaim after the commit")
     f.equal(await store.owns(first, 101), False, "owns by the first identity after the reclaim")
+
+
+@_rule("a hand-back spends no attempt, keeps the last error and is fenced", "fenced")
+async def _hand_back(store: FencedUpdateStore, f: _Findings) -> None:
+    await _record(store, 1)
+    current: ClaimIdentity | None = None
+
+    async def claim(now: int) -> list[tuple[int, int]]:
+        nonlocal current
+        taken = await store.claim_next_owned(
+            now=now, lease_until=now + 100, max_attempts=MAX, limit=10
+        )
+        current = taken[0].identity if taken else None
+        return [(c.identity.attempt, c.counted) for c in taken]
+
+    f.equal(await claim(10), [(1, 1)], "the first claim (attempt, counted)")
+    if current is None:
+        return
+    f.equal(await store.settle_owned(current, Failed(20, 20, "HTTP 502")), True, "a retry")
+    f.equal(await claim(30), [(2, 2)], "the retry's claim")
+    if current is None:
+        return
+    f.equal(
+        await store.settle_owned(_other(current, claim_id="x"), HandedBack(40)),
+        False,
+        "hand-back with a wrong claim_id",
+    )
+    f.equal(await store.settle_owned(current, HandedBack(40)), True, "the hand-back")
+    row = await store.get_update(BOT, 1)
+    f.equal(
+        None if row is None else (row.state, row.attempts, row.due_at, row.error),
+        ("failed", 2, 40, "HTTP 502"),
+        "the row after the hand-back (state, attempts, due_at, error)",
+    )
+    f.equal(await claim(40), [(3, 2)], "the claim after a hand-back at budget's end")
+    if current is None:
+        return
+    settled = await store.settle_many_owned([(current, HandedBack(50))])
+    f.equal(settled, [True], "a hand-back in a batch")
+    f.equal(await claim(60), [(4, 2)], "the claim after a batch hand-back")
+    if current is None:
+        return
+    f.equal(await store.settle_owned(current, Failed(70, 80, "HTTP 503")), True, "a real retry")
+    f.equal(await claim(80), [], "the claim once the budget is spent")
+    row = await store.get_update(BOT, 1)
+    f.equal(None if row is None else row.state, "abandoned", "the spent row's state")

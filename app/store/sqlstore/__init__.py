@@ -14,7 +14,7 @@ from __future__ import annotations
 from app.store import validate
 from app.store.engine import create_store_engine
 from app.store.schema import DEFAULT_TABLE
-from app.store.sqlstore.core import read_capability
+from app.store.sqlstore.core import read_capability, read_revision
 from app.store.sqlstore.durable import DurableMethods
 
 __all__ = ["SqlUpdateStore", "open_store", "read_capability"]
@@ -31,20 +31,25 @@ async def open_store(
     pool_size: int = 10,
     statement_timeout_ms: int = 0,
     lock_timeout_ms: int = 0,
+    pgbouncer: bool = False,
+    listen_url: str | None = None,
 ) -> SqlUpdateStore:
     """Open a store on a migrated database; `capability` is read from the live schema. On
     PostgreSQL, nonzero timeouts bound every statement of its connections (a statement past
-    either raises StoreUnavailable)."""
+    either raises StoreUnavailable). `pgbouncer`: `url` is PgBouncer in transaction pooling
+    mode; `listen_url`: a direct URL for the wake-ups' LISTEN (see `app.store.postgres`)."""
     validate.table_name(table)
     engine = create_store_engine(
         url,
         pool_size=pool_size,
         statement_timeout_ms=statement_timeout_ms,
         lock_timeout_ms=lock_timeout_ms,
+        pgbouncer=pgbouncer,
+        listen_url=listen_url,
     )
     try:
-        capability = await read_capability(engine, table)
+        revision = await read_revision(engine, table)
     except BaseException:
         await engine.dispose()
         raise
-    return SqlUpdateStore(engine, table, capability)
+    return SqlUpdateStore(engine, table, revision)

@@ -127,13 +127,17 @@ class BaseMethods(SqlCore):
 
     async def prune(self, before: int) -> int:
         """Batches of PRUNE_BATCH rows, each its own transaction, until one comes up short:
-        writers (the intake above all) get their turn between batches."""
+        writers (the intake above all) get their turn between batches. One process prunes a
+        table at a time: while another one's batch runs, this prune stops where it is (the
+        other deletes the rest)."""
         statement = queries.prune(
             self.table, before=validate.millis("before", before), limit=PRUNE_BATCH
         )
         deleted = 0
         while True:
-            async with self._write() as connection:
+            async with self.transaction() as connection:
+                if not await self._backend.exclusive(connection, self.table, "prune"):
+                    return deleted
                 batch = (await connection.execute(statement)).rowcount
             deleted += batch
             if batch < PRUNE_BATCH:

@@ -17,18 +17,27 @@ from app.store.backend import Backend
 from app.store.engine import translated_errors
 from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.postgres import PostgresBackend
-from app.store.schema import make_table
+from app.store.schema import Revision, make_table, revision_of
 from app.store.sqlite import SqliteBackend
-from app.store.types import Abandoned, Capability, ClaimIdentity, Completed, Failed, Settlement
+from app.store.types import (
+    Abandoned,
+    Capability,
+    ClaimIdentity,
+    Completed,
+    Failed,
+    HandedBack,
+    Settlement,
+)
 
 _LEVELS: dict[Capability, int] = {"base": 0, "fenced": 1, "durable": 2}
 _BASE_COLUMNS = frozenset(make_table(revision="0001").c.keys())
 
 
-def _capability_of(columns: set[str]) -> Capability:
-    if {"claim_id", "exhausted_at", "acknowledged_at"} <= columns:
-        return "durable"
-    return "fenced" if "claim_id" in columns else "base"
+def capability_of(revision: Revision) -> Capability:
+    """What a table at `revision` serves. Fenced and durable bots need the head revision: a
+    table at 0002 serves `plain` bots until `alembic upgrade head` (one code path per level,
+    not one per revision)."""
+    return "durable" if revision == "0003" else "base"
 
 
 def _inspect_columns(connection: Connection, table: str) -> set[str]:
@@ -42,17 +51,23 @@ def _inspect_columns(connection: Connection, table: str) -> set[str]:
     return columns
 
 
-async def read_capability(engine: AsyncEngine, table: str) -> Capability:
-    """The highest level the live table serves; SchemaError when it is missing or incomplete."""
+async def read_revision(engine: AsyncEngine, table: str) -> Revision:
+    """The revision of the live table, by its columns; SchemaError when it is missing or
+    incomplete."""
     with translated_errors(table):
         async with engine.connect() as connection:
             columns = await connection.run_sync(_inspect_columns, table)
-    return _capability_of(columns)
+    return revision_of(columns)
+
+
+async def read_capability(engine: AsyncEngine, table: str) -> Capability:
+    """The highest level the live table serves; SchemaError when it is missing or incomplete."""
+    return capability_of(await read_revision(engine, table))
 
 
 def check_settlement(value: Settlement) -> Settlement:
-    if not isinstance(value, Completed | Failed | Abandoned):
-        raise ValueError(f"settlement {value!r} is not Completed, Failed or Abandoned")
+    if not isinstance(value, Completed | Failed | Abandoned | HandedBack):
+        raise ValueError(f"settlement {value!r} is not Completed, Failed, Abandoned or HandedBack")
     return value
 
 
@@ -82,10 +97,11 @@ class SqlCore:
     """What every method stands on: the table, the live capability, the backend, and the
     kinds of transaction a statement runs in."""
 
-    def __init__(self, engine: AsyncEngine, table: str, capability: Capability) -> None:
+    def __init__(self, engine: AsyncEngine, table: str, revision: Revision) -> None:
         """`engine` as `create_store_engine` makes it (on PostgreSQL: AUTOCOMMIT)."""
-        self.table: Table = make_table(table, revision="0002" if capability != "base" else "0001")
-        self._capability: Capability = capability
+        self.table: Table = make_table(table, revision)
+        self.revision: Revision = revision
+        self._capability: Capability = capability_of(revision)
         self._backend: Backend = (
             SqliteBackend(engine) if engine.dialect.name == "sqlite" else PostgresBackend(engine)
         )
@@ -106,8 +122,9 @@ class SqlCore:
 
     async def refresh_capability(self) -> Capability:
         """Read the live schema again (after `alembic upgrade head` on a running service)."""
-        self._capability = await read_capability(self.engine, self.table.name)
-        self.table = make_table(self.table.name, "0002" if self._capability != "base" else "0001")
+        self.revision = await read_revision(self.engine, self.table.name)
+        self._capability = capability_of(self.revision)
+        self.table = make_table(self.table.name, self.revision)
         self._backend.prepare(self.table, self.wake_channel)
         return self._capability
 
@@ -116,7 +133,7 @@ class SqlCore:
         if _LEVELS[self._capability] < _LEVELS[level]:
             raise SchemaError(
                 f"{feature} needs a {level} store but table {self.table.name!r} is at "
-                f"revision 0001 ({self._capability}); {UPGRADE_HINT}"
+                f"revision {self.revision} ({self._capability}); {UPGRADE_HINT}"
             )
 
     @property

@@ -4,9 +4,10 @@ its exact acknowledgement."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from app.store import queries, validate
-from app.store.sqlstore.core import check_bots, check_identity
+from app.store.sqlstore.core import check_bots, check_identity, check_lease
 from app.store.sqlstore.fenced import FencedMethods
 from app.store.types import (
     ClaimIdentity,
@@ -45,15 +46,41 @@ class DurableMethods(FencedMethods):
         )
         async with self._read() as connection:
             rows = (await connection.execute(statement)).all()
-        return [
-            Exhaustion(
-                identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
-                body=row.body,
-                error=row.error,
-                exhausted_at=row.exhausted_at,
-            )
-            for row in rows
-        ]
+        return [_exhaustion(row) for row in rows]
+
+    async def take_exhaustions(
+        self, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
+    ) -> list[Exhaustion]:
+        self.require("durable", "take_exhaustions")
+        now, lease_until = check_lease(now, lease_until)
+        names = check_bots(bots)
+        if not names:
+            return []
+        statement = queries.take_exhaustions(
+            self.table,
+            now=now,
+            lease_until=lease_until,
+            limit=validate.positive("limit", limit),
+            bots=names,
+        )
+        async with self._write() as connection:
+            rows = (await connection.execute(statement)).all()
+        return sorted(
+            (_exhaustion(row) for row in rows),
+            key=lambda e: (e.identity.bot, e.identity.update_id),
+        )
+
+    async def delivery_failed(self, exhaustion: Exhaustion, retry_at: int) -> bool:
+        self.require("durable", "delivery_failed")
+        if not isinstance(exhaustion, Exhaustion):
+            raise ValueError(f"exhaustion {exhaustion!r} is not an Exhaustion")
+        statement = queries.delivery_failed(
+            self.table,
+            identity=check_identity(exhaustion.identity),
+            retry_at=validate.millis("retry_at", retry_at),
+            deliveries=validate.count("deliveries", exhaustion.deliveries),
+        )
+        return await self._changed(statement)
 
     async def acknowledge_exhaustion(self, identity: ClaimIdentity, at: int) -> bool:
         self.require("durable", "acknowledge_exhaustion")
@@ -61,3 +88,13 @@ class DurableMethods(FencedMethods):
             self.table, identity=check_identity(identity), at=validate.millis("at", at)
         )
         return await self._changed(statement)
+
+
+def _exhaustion(row: Any) -> Exhaustion:
+    return Exhaustion(
+        identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
+        body=row.body,
+        error=row.error,
+        exhausted_at=row.exhausted_at,
+        deliveries=row.deliveries,
+    )

@@ -89,6 +89,7 @@ class FencedMethods(BaseMethods):
                 update_type=row.update_type,
                 queue_key=row.queue_key,
                 received_at=row.received_at,
+                counted=row.counted,
             )
             for row in rows
             if row.state == "processing"
@@ -151,11 +152,13 @@ class FencedMethods(BaseMethods):
         items: Sequence[tuple[ClaimIdentity, Settlement]],
         *,
         waiting: set[tuple[str, int]] | None = None,
-    ) -> list[bool]:
+    ) -> list[bool | None]:
         """`settle_owned` for a batch, in one transaction (one statement on PostgreSQL); for
-        each item, whether it took effect. A key may appear once per batch. `waiting`, when
-        given, receives the settled keys whose chat still has a later update to deliver (on
-        SQLite: every settled key, which costs no query and misses none)."""
+        each item, whether it took effect, or None when its row was locked by another
+        transaction (PostgreSQL): skipped, not waited for, and still owned. A key may appear
+        once per batch. `waiting`, when given, receives the settled keys whose chat still has
+        a later update to deliver (on SQLite: every settled key, which costs no query and
+        misses none)."""
         self.require("fenced", "settle_many_owned")
         checked = [
             (check_identity(identity), check_settlement(settlement))
@@ -170,4 +173,10 @@ class FencedMethods(BaseMethods):
             settled = await self._backend.settle_many_owned(connection, self.table, checked)
         if waiting is not None:
             waiting.update(key for key, chat_waits in settled.items() if chat_waits)
-        return [key in settled for key in keys]
+        outcomes: list[bool | None] = []
+        for key in keys:
+            if key not in settled:
+                outcomes.append(False)  # refused
+            else:
+                outcomes.append(None if settled[key] is None else True)  # None: row locked
+        return outcomes

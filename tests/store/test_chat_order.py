@@ -1,0 +1,175 @@
+"""A chat-ordered claim costs what the chats cost, never what queues behind a blocked head.
+
+The work of one claim is counted, not timed: on PostgreSQL the tuples its scans read (the
+transaction's own `pg_stat_xact_*` counters), on SQLite the virtual machine instructions it
+runs (a progress handler). Before the head walk, a chat whose head waits in backoff with N
+rows behind it cost every claim about N steps of the due-order walk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store import SqlUpdateStore, open_store, queries
+from tests.conftest import Storage
+
+NOW = 2_000_000_000_000
+CHATS = 50  # flowing chats, four rows each, all due after the blocked backlog
+LIMIT = 16
+RETAINED = 20_000
+SERIES = {
+    "postgresql": "SELECT g AS n FROM generate_series(1, :count) AS g",
+    "sqlite": (
+        "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < :count) "
+        "SELECT n FROM s"
+    ),
+}
+COLUMNS = "bot, update_id, body, queue_key, state, attempts, due_at, received_at, claim_id"
+
+
+async def fill(engine: AsyncEngine, backlog: int, chats: int = CHATS) -> None:
+    """Chat "hot": its head failed, retried an hour from now, and `backlog` pending rows behind
+    it, due before anything else. Then `chats` flowing chats, four pending rows each, and
+    RETAINED completed rows, so that the planner reads keys by index on every shape."""
+    series = SERIES[engine.dialect.name]
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                f"INSERT INTO telegram_updates ({COLUMNS}) VALUES ('shop', 1, '{{}}', 'hot', "
+                f"'failed', 1, {NOW + 3_600_000}, {NOW - 10**8}, 'a-claim-id')"
+            )
+        )
+        rows = [
+            ("1 + n", "'hot'", "'pending'", f"{NOW} - 10000000 + n", backlog),
+            (
+                "1000000 + n",
+                f"'c' || (n % {chats})",
+                "'pending'",
+                f"{NOW} - 1000000 + n",
+                chats * 4,
+            ),
+            ("2000000 + n", "'done'", "'completed'", f"{NOW} - 20000000 + n", RETAINED),
+        ]
+        for update_id, queue_key, state, due_at, count in rows:
+            await connection.execute(
+                text(
+                    f"INSERT INTO telegram_updates ({COLUMNS}) SELECT 'shop', {update_id}, "
+                    f"'{{}}', {queue_key}, {state}, 0, {due_at}, {due_at}, NULL "
+                    f"FROM ({series}) AS s"
+                ),
+                {"count": count},
+            )
+        await connection.execute(text("ANALYZE telegram_updates"))
+
+
+def claim(store: SqlUpdateStore) -> Any:
+    """The statement `claim_next_owned` runs for one bot, as the workers call it."""
+    return queries.claim_next_owned(
+        store.table,
+        now=NOW,
+        lease_until=NOW + 60_000,
+        max_attempts=8,
+        limit=LIMIT,
+        ordering="chat",
+        bots=["shop"],
+        durable_exhaustion=False,
+        lateral=store.dialect == "postgresql",
+    )
+
+
+async def claim_work(store: SqlUpdateStore) -> tuple[int, list[int]]:
+    """The work of one claim (see the module docstring) and the update_ids it took; the
+    claim is rolled back."""
+    if store.dialect == "postgresql":
+        engine = store.engine.execution_options(isolation_level="READ COMMITTED")
+        async with engine.connect() as connection:
+            transaction = await connection.begin()
+            rows = (await connection.execute(claim(store))).all()
+            # Tuples read by the transaction so far: heap scans and every index of the table.
+            read = await connection.execute(
+                text(
+                    "SELECT pg_stat_get_xact_tuples_returned('telegram_updates'::regclass) "
+                    "+ (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index "
+                    "   WHERE indrelid = 'telegram_updates'::regclass)"
+                )
+            )
+            work = int(read.scalar_one())
+            await transaction.rollback()
+        return work, sorted(row.update_id for row in rows)
+    sql = str(
+        claim(store).compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True})
+    )
+    connection = sqlite3.connect(str(store.engine.url.database))
+    try:
+        steps = 0
+
+        def count() -> int:
+            nonlocal steps
+            steps += 1
+            return 0
+
+        connection.set_progress_handler(count, 100)
+        rows = connection.execute(sql).fetchall()
+        connection.rollback()
+    finally:
+        connection.close()
+    return steps * 100, sorted(row[2] for row in rows)
+
+
+async def measured(storage: Storage, backlog: int, chats: int = CHATS) -> int:
+    """The work of one claim on a fresh table of that shape; it takes the oldest due head of
+    each flowing chat: c1 to c16 (update_id 1_000_000 + n)."""
+    store = await open_store(storage.url())
+    try:
+        await fill(store.engine, backlog, chats)
+        work, taken = await claim_work(store)
+    finally:
+        await store.close()
+    assert taken == list(range(1_000_001, 1_000_001 + LIMIT))
+    return work
+
+
+async def test_chat_claim_work_does_not_grow_with_a_blocked_backlog(storage: Storage) -> None:
+    work = {backlog: await measured(storage, backlog) for backlog in (10_000, 100_000)}
+    # Ten times the backlog, the same work (before: about ten times as much).
+    assert work[100_000] <= work[10_000] * 1.1, work
+
+
+async def test_chat_claim_work_does_not_grow_with_the_chats_when_heads_lead(
+    storage: Storage,
+) -> None:
+    # No backlog: the heads lie at the front of the due order, and the walk over the chat
+    # heads, whose cost follows the chats, is not run at all.
+    work = {chats: await measured(storage, 0, chats) for chats in (50, 500)}
+    assert work[500] <= work[50] * 1.1, work
+
+
+async def test_concurrent_chat_claims_behind_a_blocked_chat_take_disjoint_heads(
+    storage: Storage,
+) -> None:
+    # Four claimers, each with its own engine (as four worker processes), all past the window:
+    # each locks its heads one by one and skips the others', so together they take the 64
+    # oldest due heads, each once.
+    url = storage.url()
+    stores = [await open_store(url, pool_size=1) for _ in range(4)]
+    try:
+        await fill(stores[0].engine, 2_000, chats=200)
+        batches = await asyncio.gather(
+            *(
+                store.claim_next_owned(
+                    now=NOW, lease_until=NOW + 60_000, max_attempts=8, limit=LIMIT, bots=["shop"]
+                )
+                for store in stores
+            )
+        )
+    finally:
+        for store in stores:
+            await store.close()
+    taken = [claimed.identity.update_id for batch in batches for claimed in batch]
+    assert [len(batch) for batch in batches] == [LIMIT] * 4
+    assert sorted(taken) == list(range(1_000_001, 1_000_001 + 4 * LIMIT))
