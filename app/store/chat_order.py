@@ -61,6 +61,7 @@ WINDOW = 2
 # Constants as SQL literals, not bound parameters: a prepared statement's generic plan then
 # still sees LIMIT 1.
 ONE: ColumnElement[int] = literal_column("1")
+ZERO: ColumnElement[int] = literal_column("0")
 
 
 class _ByQueueIndex(Alias):
@@ -221,17 +222,20 @@ def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select
             previous.join(following, true())
         )
     )
-    # The rows without a queue_key: up to `limit` of each bot, the oldest due.
+    # The rows without a queue_key: up to `limit` of each bot, the oldest due. Found by
+    # ix_queue (bot, NULL): `due_at + 0` keeps the planner off the due-order index, whose walk
+    # in due order would pass every row of the chats, blocked ones included.
     unqueued_bot = bots.alias("unqueued_bot")
     rows = t.alias("unqueued_rows")
+    unqueued_due_at = rows.c.due_at + ZERO
     unqueued = (
         select(rows.c.bot, rows.c.update_id, rows.c.due_at)
         .where(
             rows.c.bot == unqueued_bot.c.bot,
             rows.c.queue_key.is_(None),
-            due_for_claim(rows.c.state, rows.c.due_at, now),
+            due_for_claim(rows.c.state, unqueued_due_at, now),
         )
-        .order_by(rows.c.due_at)
+        .order_by(unqueued_due_at)
         .limit(limit)
         .lateral("unqueued")
     )

@@ -23,7 +23,18 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Row, Table, Update, and_, event, update
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Integer,
+    Row,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    event,
+    update,
+)
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -150,9 +161,11 @@ class SqliteBackend(Backend):
         shared = isinstance(engine.pool, StaticPool)
         self.read_lock = self.write_lock if shared else nullcontext()
         self._add: Any = None
+        self._claims: dict[tuple[Any, ...], Update] = {}
 
     def prepare(self, table: Table, channel: str) -> None:
         self._add = add(table)
+        self._claims = {}
 
     async def add_many(
         self, connection: AsyncConnection, rows: Sequence[NewUpdate]
@@ -169,15 +182,25 @@ class SqliteBackend(Backend):
         bots: list[str] | None,
         durable_exhaustion: bool,
     ) -> Sequence[Row[Any]]:
-        statement = queries.claim_next_owned(
-            table,
-            **numbers,
-            ordering=ordering,
-            bots=bots,
-            durable_exhaustion=durable_exhaustion,
-            lateral=False,
-        )
-        return (await connection.execute(statement)).all()
+        # Built once per shape, its numbers bound at each run: building the chat-ordered
+        # statement costs milliseconds of Python, more than SQLite takes to run it.
+        key = (ordering, None if bots is None else tuple(bots), durable_exhaustion)
+        statement = self._claims.get(key)
+        if statement is None:
+            if len(self._claims) >= 64:  # shapes are few; callers listing ever new bots are not
+                self._claims.clear()
+            statement = self._claims[key] = queries.claim_next_owned(
+                table,
+                now=bindparam("now", type_=BigInteger),
+                lease_until=bindparam("lease_until", type_=BigInteger),
+                max_attempts=bindparam("max_attempts", type_=Integer),
+                limit=bindparam("limit", type_=Integer),
+                ordering=ordering,
+                bots=bots,
+                durable_exhaustion=durable_exhaustion,
+                lateral=False,
+            )
+        return (await connection.execute(statement, dict(numbers))).all()
 
     async def owns(
         self, connection: AsyncConnection, table: Table, identity: ClaimIdentity, at: int

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from app.store.migrate import current_revision
+from app.store.schema import HEAD
 from tests.conftest import Storage, table_rows
 from tests.processes import free_port
 
@@ -87,7 +88,7 @@ def test_run_demo_migrates_a_fresh_sqlite_file_and_records_updates(running: Runn
     base, url, secret, _ = running
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "capability": "durable"}
-    assert current_revision(url) == "0002"
+    assert current_revision(url) == HEAD
     update = '{"update_id": 77, "message": {"chat": {"id": 5, "type": "private"}, "text": "hi"}}'
     headers = {"X-Telegram-Bot-Api-Secret-Token": secret, "Content-Type": "application/json"}
     response = httpx.post(f"{base}/telegram/default", content=update, headers=headers)
@@ -120,8 +121,8 @@ def test_migrate_brings_postgres_to_head(postgres_storage: Storage) -> None:
         _command("migrate"), cwd=ROOT, env=_environment(url), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert "revision 0002" in done.stdout
-    assert current_revision(url) == "0002"
+    assert f"revision {HEAD}" in done.stdout
+    assert current_revision(url) == HEAD
 
 
 @pytest.mark.parametrize(

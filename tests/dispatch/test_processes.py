@@ -185,11 +185,11 @@ async def test_sigterm_hands_an_in_flight_attempt_back_for_another_worker_at_onc
         assert_clean(a)
         await eventually(lambda: first.disconnected, within=5)
 
-        ((state, attempts, error, due_at),) = table_rows(
-            url, "state", "attempts", "error", "due_at"
+        ((state, attempts, uncounted, error, due_at),) = table_rows(
+            url, "state", "attempts", "uncounted", "error", "due_at"
         )
-        assert (state, attempts) == ("failed", 1), (state, attempts, error)
-        assert error.startswith("handed back"), error
+        # Handed back: no error (none happened), and the attempt spent none of the budget.
+        assert (state, attempts, uncounted, error) == ("failed", 1, 1, None)
         first_lease = int(first.headers["x-intake-lease-expires-at"])
         assert due_at < first_lease - 20_000  # due at once, not when the 30 s lease would end
 

@@ -260,11 +260,15 @@ class ClaimNextWalksOnlyTheWindow(SqlUpdateStore):
         def no_heads(t: Table, **_: Any) -> Select[Any]:
             return select(t.c.bot, t.c.update_id).where(false())
 
-        with (
-            mock.patch.object(chat_order, "_heads_lateral", no_heads),
-            mock.patch.object(chat_order, "_heads_scalar", no_heads),
-        ):
-            return await super().claim_next_owned(**arguments)
+        # One patched call at a time: two overlapping patches would restore each other's
+        # replacement, and the head walk would stay removed for every store after this one.
+        serial = self.__dict__.setdefault("_one_patch_at_a_time", asyncio.Lock())
+        async with serial:
+            with (
+                mock.patch.object(chat_order, "_heads_lateral", no_heads),
+                mock.patch.object(chat_order, "_heads_scalar", no_heads),
+            ):
+                return await super().claim_next_owned(**arguments)
 
 
 CONTROLS[ClaimNextWalksOnlyTheWindow] = (
