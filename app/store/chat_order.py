@@ -50,6 +50,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from app.store.predicates import NON_TERMINAL, Number, in_state
 
@@ -62,6 +63,26 @@ WINDOW = 2
 # still sees LIMIT 1.
 ONE: ColumnElement[int] = literal_column("1")
 ZERO: ColumnElement[int] = literal_column("0")
+
+
+class _unindexed(FunctionElement[str]):
+    """A column no index may serve (SQLite's unary `+`): on a file never analysed, SQLite
+    otherwise walks the due-order candidates through the primary key's `bot = ?`, every
+    retained row of the bot, instead of ix_due (270 ms against 1.5 ms a claim at 1,000,000
+    settled rows). PostgreSQL reads it as the column."""
+
+    type = Text()
+    inherit_cache = True
+
+
+@compiles(_unindexed)
+def _unindexed_default(element: _unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(_unindexed, "sqlite")
+def _unindexed_sqlite(element: _unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return "+" + compiler.process(element.clauses, **kw)
 
 
 class _ByQueueIndex(Alias):
@@ -135,9 +156,9 @@ def chat_ordered(
         first_of_its_chat(t),
     )
     if bots is not None:
-        walked = walked.where(t.c.bot.in_(list(bots)))
+        walked = walked.where(_unindexed(t.c.bot).in_(list(bots)))
     early = (
-        walked.order_by(t.c.due_at)
+        walked.order_by(t.c.due_at, t.c.bot, t.c.update_id)
         .limit(limit)
         .with_for_update(skip_locked=True, of=t)
         .cte("early")
@@ -266,7 +287,7 @@ def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select
     return (
         select(locked.c.bot, locked.c.update_id)
         .select_from(eligible.join(locked, true()))
-        .order_by(eligible.c.due_at)
+        .order_by(eligible.c.due_at, eligible.c.bot, eligible.c.update_id)
         .limit(limit)
     )
 
@@ -338,6 +359,6 @@ def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select[
     return (
         select(ready.c.bot, ready.c.update_id)
         .where(ready.c.due_at.is_not(None))
-        .order_by(ready.c.due_at)
+        .order_by(ready.c.due_at, ready.c.bot, ready.c.update_id)
         .limit(limit)
     )
