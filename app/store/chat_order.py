@@ -256,7 +256,7 @@ def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select
             rows.c.queue_key.is_(None),
             due_for_claim(rows.c.state, unqueued_due_at, now),
         )
-        .order_by(unqueued_due_at)
+        .order_by(unqueued_due_at, rows.c.update_id)
         .limit(limit)
         .lateral("unqueued")
     )
