@@ -12,8 +12,9 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from app.dispatch import Dispatcher
 from app.main import create_app
-from app.store import Completed, open_store
+from app.store import Completed, SqlUpdateStore, open_store
 from app.store.migrate import upgrade
 from tests.conftest import Storage, serve_asgi
 from tests.downstream import (
@@ -29,6 +30,19 @@ from tests.downstream import (
 from tests.pgbouncer import BouncedStorage
 
 SLOW_POLL = {"poll_interval_seconds": 30}
+
+
+async def assert_woken_by(
+    intake_store: SqlUpdateStore, worker: Dispatcher, downstream: FakeDownstream
+) -> None:
+    """`worker`, listening and asleep for its slow poll, delivers at once what another
+    process's store commits."""
+    await asyncio.wait_for(worker.listening.wait(), 5)
+    # Its first pass, and the pass after the listener's own wake-up on connecting (set just
+    # before it): it has looked, found nothing, and sleeps for its slow poll.
+    await eventually(lambda: worker.claim_passes >= 2)
+    await intake_store.add("shop", 1, message(1), now_ms())  # its commit notifies
+    await eventually(lambda: downstream.received, within=5)
 
 
 async def test_run_delivers_what_the_intake_in_the_same_process_records(
@@ -62,12 +76,7 @@ async def test_a_worker_elsewhere_wakes_on_the_intakes_notification(
     async with dispatching(settings) as (worker, _):
         intake_store = await open_store(url, table=table)  # another process's connections
         try:
-            await asyncio.wait_for(worker.listening.wait(), 5)
-            # Its first pass, and the pass after the listener's own wake-up on connecting
-            # (set just before it): it has looked, found nothing, and sleeps for 30 s.
-            await eventually(lambda: worker.claim_passes >= 2)
-            await intake_store.add("shop", 1, message(1), now_ms())  # its commit notifies
-            await eventually(lambda: downstream.received, within=5)
+            await assert_woken_by(intake_store, worker, downstream)
         finally:
             await intake_store.close()
 
@@ -122,10 +131,7 @@ async def test_behind_pgbouncer_a_worker_wakes_through_its_direct_listen_url(
     ):
         intake_store = await open_store(url, pgbouncer=True)  # another process, through PgBouncer
         try:
-            await asyncio.wait_for(worker.listening.wait(), 5)
-            await eventually(lambda: worker.claim_passes >= 2)
-            await intake_store.add("shop", 1, message(1), now_ms())  # its commit notifies
-            await eventually(lambda: downstream.received, within=5)
+            await assert_woken_by(intake_store, worker, downstream)
         finally:
             await intake_store.close()
 
