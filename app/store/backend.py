@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
 
-Numbers = dict[str, int]  # claim_next_owned's now, lease_until, max_attempts and limit
+Numbers = dict[str, int]  # claim_next_owned's now, lease_until, max_attempts, limit and window
 
 
 class Backend(ABC):

@@ -6,7 +6,7 @@ eligible due rows oldest due first, up to its limit.
 
 Two walks find them; the statement runs the second only when the first comes up short:
 - the due-order walk: non-terminal rows in due order (ix_due), each tested by one probe of
-  ix_queue for an older open row of its chat, over a window of the `WINDOW * limit` rows due
+  ix_queue for an older open row of its chat, over a window of the `window * limit` rows due
   first. While the heads of the chats lie near the front of the queue it stops at the limit
   after a few rows;
 - the head walk: a loose index scan of ix_queue, one probe per chat with open rows (the first
@@ -17,6 +17,10 @@ Two walks find them; the statement runs the second only when the first comes up 
 
 Both are exact. Every eligible row past the window is due no earlier than the window's end,
 so a window that yields `limit` rows yields the oldest ones; the head walk reads every head.
+The statement reports which walk answered (`walked_heads`). Where a blocked chat fills the
+front of the queue, every claim would pay for a window that comes up short before the head
+walk; so after one that did, a claimer skips the window (`window` 0) for its next
+`HEADS_FIRST` claims, then tries it again (`next_window`).
 
 PostgreSQL reads each head with one LATERAL probe and locks the heads one at a time in due
 order, skipping rows another claimer holds (SKIP LOCKED, as the due-order walk does). SQLite
@@ -57,8 +61,25 @@ from app.store.predicates import NON_TERMINAL, Number, in_state
 # The due-order walk gives up after this many rows per row wanted (so half of them may be
 # held back by their chats and it still fills the batch): past it, reading the heads one
 # probe each is the cheaper way, whatever queues behind them. Each row the walk gives up on
-# costs about what one head does; a blocked claim pays both.
+# costs about what one head does; a claim that gives up pays both.
 WINDOW = 2
+# After a window came up short, the claims that go straight to the head walk before the
+# window is tried again: a blocked front skips the window's price on all but one claim in
+# HEADS_FIRST + 1, and a front that has cleared pays the head walk for at most HEADS_FIRST.
+HEADS_FIRST = 8
+
+
+def next_window(window: int, walked_heads: bool, heads_first: int) -> tuple[int, int]:
+    """The window of a claimer's next chat-ordered claim, and its count of claims left to
+    take by the head walk alone, after a claim with `window` that took its rows by the head
+    walk or not (`walked_heads`) with `heads_first` left."""
+    if window and walked_heads:  # the window came up short: skip it for a while
+        return 0, HEADS_FIRST
+    if heads_first > 1:
+        return 0, heads_first - 1
+    return WINDOW, 0
+
+
 # Constants as SQL literals, not bound parameters: a prepared statement's generic plan then
 # still sees LIMIT 1.
 ONE: ColumnElement[int] = literal_column("1")
@@ -131,10 +152,17 @@ def first_of_its_chat(t: Table) -> ColumnElement[bool]:
 
 
 def chat_ordered(
-    t: Table, *, now: Number, limit: Number, bots: Sequence[str] | None, lateral: bool
-) -> Select[Any]:
+    t: Table,
+    *,
+    now: Number,
+    limit: Number,
+    window: Number,
+    bots: Sequence[str] | None,
+    lateral: bool,
+) -> tuple[Select[Any], ColumnElement[bool]]:
     """The keys (bot, update_id) the claim takes: up to `limit` eligible rows, oldest due
-    first. With `lateral` (PostgreSQL) they are locked, rows locked elsewhere skipped."""
+    first, and whether the head walk found them. With `lateral` (PostgreSQL) they are locked,
+    rows locked elsewhere skipped. `window` 0 goes straight to the head walk."""
     open_rows = in_state(t.c.state, *NON_TERMINAL)
     # due_at of the first row past the window (any bot's), or none when the window holds
     # every due row. It bounds the due-order walk whatever that walk's filters let through.
@@ -143,7 +171,7 @@ def chat_ordered(
         .where(open_rows, t.c.due_at <= now)
         .order_by(t.c.due_at)
         .limit(ONE)
-        .offset(limit * literal_column(str(WINDOW)))
+        .offset(limit * window)
         .cte("window_end")
         .prefix_with("MATERIALIZED")
     )
@@ -178,7 +206,8 @@ def chat_ordered(
         select(later.c.bot, later.c.update_id),
     ).subquery("keys")
     # Selected again: SQLite searches the primary key for an IN over a plain SELECT only.
-    return select(keys.c.bot, keys.c.update_id)
+    walked_heads = type_coerce(select(fallback.c.short).scalar_subquery(), Boolean)
+    return select(keys.c.bot, keys.c.update_id), walked_heads
 
 
 def _bots(t: Table, bots: Sequence[str] | None, fallback: CTE) -> CTE:

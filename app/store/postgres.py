@@ -397,6 +397,7 @@ class PostgresBackend(Backend):
                 lease_until=bindparam("lease_until", 0, BigInteger),
                 max_attempts=bindparam("max_attempts", 0, Integer),
                 limit=bindparam("limit", 0, Integer),
+                window=bindparam("window", 0, Integer),
                 ordering=ordering,
                 bots=bots,
                 durable_exhaustion=durable_exhaustion,

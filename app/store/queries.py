@@ -27,6 +27,7 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    false,
     func,
     literal,
     select,
@@ -218,31 +219,40 @@ def claim_next_owned(
     lease_until: Number,
     max_attempts: Number,
     limit: Number,
+    window: Number = chat_order.WINDOW,
     ordering: Ordering,
     bots: Sequence[str] | None,
     durable_exhaustion: bool,
     lateral: bool,
 ) -> Update:
     """Take up to `limit` due rows in one statement, oldest due first. The numbers may be
-    bound parameters, for a statement compiled once and run many times.
+    bound parameters, for a statement compiled once and run many times; `window` is the chat
+    claim's (`app.store.chat_order`). Each row returned says whether the chat claim's head
+    walk found it (`walked_heads`).
 
     Rows another transaction has locked are skipped (SKIP LOCKED on PostgreSQL; SQLite
     serialises writers). With chat ordering a row is eligible only when no older row of its
     (bot, queue_key) is still pending, processing or failed; `app.store.chat_order` finds
     those rows, by LATERAL probes where the database has them (`lateral`: PostgreSQL).
     """
+    walked_heads: ColumnElement[bool] = false()
     if ordering == "chat":
-        candidates = chat_order.chat_ordered(t, now=now, limit=limit, bots=bots, lateral=lateral)
+        candidates, walked_heads = chat_order.chat_ordered(
+            t, now=now, limit=limit, window=window, bots=bots, lateral=lateral
+        )
     else:
         # Walk non-terminal rows in due order (ix_due) and stop at the limit: the cost follows
-        # the batch, not the backlog.
+        # the batch, not the backlog. Ties in due_at go by key, so that one table state gives
+        # one claim (left to the index they go in physical order, which vacuum decides).
         walked = select(t.c.bot, t.c.update_id).where(
             chat_order.due_for_claim(t.c.state, t.c.due_at, now)
         )
         if bots is not None:
             walked = walked.where(t.c.bot.in_(list(bots)))
         candidates = (
-            walked.order_by(t.c.due_at).limit(limit).with_for_update(skip_locked=True, of=t)
+            walked.order_by(t.c.due_at, t.c.bot, t.c.update_id)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=t)
         )
     values = claim_values(
         t,
@@ -267,6 +277,7 @@ def claim_next_owned(
             t.c.queue_key,
             t.c.received_at,
             counted(t).label("counted"),
+            walked_heads.label("walked_heads"),
         )
     )
 

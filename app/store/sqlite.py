@@ -195,6 +195,7 @@ class SqliteBackend(Backend):
                 lease_until=bindparam("lease_until", type_=BigInteger),
                 max_attempts=bindparam("max_attempts", type_=Integer),
                 limit=bindparam("limit", type_=Integer),
+                window=bindparam("window", type_=Integer),
                 ordering=ordering,
                 bots=bots,
                 durable_exhaustion=durable_exhaustion,

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store import SqlUpdateStore, open_store, queries
+from app.store import SqlUpdateStore, chat_order, open_store, queries
 from tests.conftest import Storage
 
 NOW = 2_000_000_000_000
@@ -67,7 +67,7 @@ async def fill(engine: AsyncEngine, backlog: int, chats: int = CHATS) -> None:
         await connection.execute(text("ANALYZE telegram_updates"))
 
 
-def claim(store: SqlUpdateStore) -> Any:
+def claim(store: SqlUpdateStore, window: int = chat_order.WINDOW) -> Any:
     """The statement `claim_next_owned` runs for one bot, as the workers call it."""
     return queries.claim_next_owned(
         store.table,
@@ -75,6 +75,7 @@ def claim(store: SqlUpdateStore) -> Any:
         lease_until=NOW + 60_000,
         max_attempts=8,
         limit=LIMIT,
+        window=window,
         ordering="chat",
         bots=["shop"],
         durable_exhaustion=False,
@@ -82,14 +83,16 @@ def claim(store: SqlUpdateStore) -> Any:
     )
 
 
-async def claim_work(store: SqlUpdateStore) -> tuple[int, list[int]]:
-    """The work of one claim (see the module docstring) and the update_ids it took; the
-    claim is rolled back."""
+async def claim_work(
+    store: SqlUpdateStore, window: int = chat_order.WINDOW
+) -> tuple[int, list[int], set[bool]]:
+    """The work of one claim (see the module docstring), the update_ids it took and what its
+    rows say of the head walk (`walked_heads`); the claim is rolled back."""
     if store.dialect == "postgresql":
         engine = store.engine.execution_options(isolation_level="READ COMMITTED")
         async with engine.connect() as connection:
             transaction = await connection.begin()
-            rows = (await connection.execute(claim(store))).all()
+            rows = (await connection.execute(claim(store, window))).all()
             # Tuples read by the transaction so far: heap scans and every index of the table.
             read = await connection.execute(
                 text(
@@ -100,9 +103,11 @@ async def claim_work(store: SqlUpdateStore) -> tuple[int, list[int]]:
             )
             work = int(read.scalar_one())
             await transaction.rollback()
-        return work, sorted(row.update_id for row in rows)
+        return work, sorted(row.update_id for row in rows), {row.walked_heads for row in rows}
     sql = str(
-        claim(store).compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True})
+        claim(store, window).compile(
+            dialect=store.engine.dialect, compile_kwargs={"literal_binds": True}
+        )
     )
     connection = sqlite3.connect(str(store.engine.url.database))
     try:
@@ -114,11 +119,12 @@ async def claim_work(store: SqlUpdateStore) -> tuple[int, list[int]]:
             return 0
 
         connection.set_progress_handler(count, 100)
+        connection.execute("BEGIN")  # the module begins none before a statement led by WITH
         rows = connection.execute(sql).fetchall()
         connection.rollback()
     finally:
         connection.close()
-    return steps * 100, sorted(row[2] for row in rows)
+    return steps * 100, sorted(row[2] for row in rows), {bool(row[-1]) for row in rows}
 
 
 async def measured(storage: Storage, backlog: int, chats: int = CHATS) -> int:
@@ -127,7 +133,7 @@ async def measured(storage: Storage, backlog: int, chats: int = CHATS) -> int:
     store = await open_store(storage.url())
     try:
         await fill(store.engine, backlog, chats)
-        work, taken = await claim_work(store)
+        work, taken, _ = await claim_work(store)
     finally:
         await store.close()
     assert taken == list(range(1_000_001, 1_000_001 + LIMIT))
@@ -147,6 +153,43 @@ async def test_chat_claim_work_does_not_grow_with_the_chats_when_heads_lead(
     # heads, whose cost follows the chats, is not run at all.
     work = {chats: await measured(storage, 0, chats) for chats in (50, 500)}
     assert work[500] <= work[50] * 1.1, work
+
+
+async def test_a_chat_claim_says_which_walk_took_its_rows_and_may_skip_the_window(
+    storage: Storage,
+) -> None:
+    # A store each: PostgreSQL's transaction counters also hold a connection's earlier ones
+    # until they are flushed.
+    stores = [await open_store(storage.url()) for _ in range(3)]
+    try:
+        await fill(stores[0].engine, 0)
+        _, free, free_walk = await claim_work(stores[0])
+        for store in stores[1:]:
+            await fill(store.engine, 20_000)  # chat "hot" blocks the front of the queue
+        blocked, taken, blocked_walk = await claim_work(stores[1])
+        skipping, skipped, skipping_walk = await claim_work(stores[2], window=0)
+    finally:
+        for store in stores:
+            await store.close()
+    heads = list(range(1_000_001, 1_000_001 + LIMIT))
+    assert (free, free_walk) == (heads, {False})  # the window's due-order walk took them
+    # Behind the blocked front the window comes up short and the head walk takes the same
+    # rows; skipping the window takes them too, for less work.
+    assert (taken, blocked_walk) == (heads, {True})
+    assert (skipped, skipping_walk) == (heads, {True})
+    assert skipping < blocked, (skipping, blocked)
+
+
+def test_after_a_short_window_the_next_claims_skip_it_then_try_it_again() -> None:
+    window, left = chat_order.next_window(chat_order.WINDOW, True, 0)
+    windows = [window]
+    for _ in range(chat_order.HEADS_FIRST):
+        window, left = chat_order.next_window(window, True, left)
+        windows.append(window)
+    assert windows == [0] * chat_order.HEADS_FIRST + [chat_order.WINDOW]
+    # A window that found its rows is kept; one that came up short again is skipped again.
+    assert chat_order.next_window(chat_order.WINDOW, False, 0) == (chat_order.WINDOW, 0)
+    assert chat_order.next_window(chat_order.WINDOW, True, 0) == (0, chat_order.HEADS_FIRST)
 
 
 async def test_concurrent_chat_claims_behind_a_blocked_chat_take_disjoint_heads(

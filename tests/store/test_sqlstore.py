@@ -257,3 +257,24 @@ async def test_prune_deletes_in_bounded_batches_until_none_is_left(
         assert [u.update_id for u in await store.due(now=100, pending_before=100, limit=20)] == [11]
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("ordering", ["none", "chat"])
+async def test_claim_next_owned_breaks_due_at_ties_by_key(storage: Storage, ordering: str) -> None:
+    """Rows due at the same instant are taken in key order, whatever order they were written
+    in: one table state gives one claim. Left to the index, ties went in the rows' physical
+    order, which vacuum and free space decide (the model test's replays then diverged)."""
+    store = await open_store(storage.url())
+    try:
+        for update_id in (3, 1, 4, 2):
+            await store.add("shop", update_id, f'{{"update_id": {update_id}}}', 10)
+        taken = await store.claim_next_owned(
+            now=20,
+            lease_until=30,
+            max_attempts=3,
+            limit=2,
+            ordering=ordering,  # type: ignore[arg-type]
+        )
+        assert [c.identity.update_id for c in taken] == [1, 2]
+    finally:
+        await store.close()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.store import queries, validate
+from app.store import chat_order, queries, validate
 from app.store.engine import translated_errors
+from app.store.schema import Revision
 from app.store.sqlstore.base import BaseMethods
 from app.store.sqlstore.core import check_bots, check_identity, check_lease, check_settlement
 from app.store.types import (
@@ -20,6 +21,12 @@ from app.store.types import (
 
 
 class FencedMethods(BaseMethods):
+    def __init__(self, engine: AsyncEngine, table: str, revision: Revision) -> None:
+        super().__init__(engine, table, revision)
+        # Per bot filter: the next chat claim's window and the claims left to skip it
+        # (chat_order.next_window).
+        self._chat_windows: dict[tuple[str, ...] | None, tuple[int, int]] = {}
+
     async def claim_owned(
         self,
         bot: str,
@@ -67,11 +74,14 @@ class FencedMethods(BaseMethods):
         names = check_bots(bots)
         if names == []:
             return []
+        shape = None if names is None else tuple(names)
+        window, heads_first = self._chat_windows.get(shape, (chat_order.WINDOW, 0))
         numbers = {
             "now": now,
             "lease_until": lease_until,
             "max_attempts": validate.attempts("max_attempts", max_attempts),
             "limit": validate.positive("limit", limit),
+            "window": window,
         }
         async with self._write() as connection:
             rows = await self._backend.claim_next_owned(
@@ -82,6 +92,11 @@ class FencedMethods(BaseMethods):
                 bots=names,
                 durable_exhaustion=durable_exhaustion,
             )
+        if ordering == "chat" and rows:
+            if len(self._chat_windows) >= 64:  # filters are few; callers listing new ones are not
+                self._chat_windows.clear()
+            walked_heads = bool(rows[0].walked_heads)
+            self._chat_windows[shape] = chat_order.next_window(window, walked_heads, heads_first)
         claimed = [
             Claimed(
                 identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
