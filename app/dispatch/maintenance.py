@@ -1,4 +1,5 @@
-"""Background upkeep beside the dispatcher: delivering exhaustions, pruning settled rows.
+"""Background upkeep beside the dispatcher: delivering exhaustions, pruning settled rows,
+keeping the planner's statistics of the table fresh.
 
 Exhaustions (durable bots) are delivered to the bot's `exhaustion_url` and acknowledged on a
 2xx. Each delivery first takes its exhaustion under a lease in the database
@@ -19,7 +20,7 @@ from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
 from app.logs import AttemptLog
 from app.metrics import AttemptMeters
-from app.store import DurableUpdateStore, Exhaustion, StoreError
+from app.store import DurableUpdateStore, Exhaustion, StoreError, UpdateStore
 
 log = logging.getLogger(__name__)
 
@@ -136,3 +137,29 @@ async def prune_forever(
             if deleted:
                 log.info("pruned %d settled rows", deleted)
         await asyncio.sleep(interval)
+
+
+# How soon a burst of new rows (after a quiet period, or into an empty table) gets statistics
+# that know of it, and how many written rows make a burst; across the cluster the statistics
+# are gathered at most once every STATISTICS_MIN_AGE_SECONDS (the store's rule).
+STATISTICS_CHECK_SECONDS = 1.0
+STATISTICS_MIN_CHANGES = 1000
+STATISTICS_MIN_AGE_SECONDS = 10.0
+
+
+async def keep_statistics_forever(store: UpdateStore) -> None:
+    """Gather the table's planner statistics again whenever enough rows were written since
+    the last time: the claim and settle plans then hold without waiting for autovacuum."""
+    while True:
+        try:
+            refreshed = await store.refresh_statistics(
+                min_changes=STATISTICS_MIN_CHANGES, min_age_seconds=STATISTICS_MIN_AGE_SECONDS
+            )
+        except StoreError as error:
+            log.warning("planner statistics: %s", error)
+        except Exception:  # a bug must not end this upkeep for the life of the process
+            log.exception("planner statistics failed")
+        else:
+            if refreshed:
+                log.info("gathered the planner's statistics of the table")
+        await asyncio.sleep(STATISTICS_CHECK_SECONDS)

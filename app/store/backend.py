@@ -105,6 +105,17 @@ class Backend(ABC):
         transaction holds it."""
 
     @abstractmethod
+    async def statistics_age(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, float] | None:
+        """Rows written to `table` since the planner's statistics were last gathered (as the
+        database counts them), and the seconds since; None when they never were."""
+
+    @abstractmethod
+    async def analyze(self, connection: AsyncConnection, table: Table) -> None:
+        """Gather the planner's statistics of `table` (sampled, bounded in time)."""
+
+    @abstractmethod
     async def database_time(self) -> int:
         """The database's clock, epoch ms."""
 

@@ -298,11 +298,15 @@ def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select
                 unqueued_bot.join(unqueued, true())
             ),
         )
-        .order_by("due_at")
+        .order_by("due_at", "bot", "update_id")
         .subquery("eligible")
     )
     # Locked in due order, one LATERAL per row, so that only the rows taken are locked; the
-    # lock re-reads the row, and a row another claim took meanwhile no longer qualifies.
+    # lock re-reads the row, and a row another claim took meanwhile no longer qualifies. The
+    # candidates arrive in the final order, ties in due_at included: sorted by due_at alone,
+    # the final order would need a whole group of ties before the first row, and every row of
+    # it would be locked (all 500 heads where every row is due at one instant), leaving the
+    # other claimers nothing to take.
     locked = (
         select(t.c.bot, t.c.update_id)
         .where(

@@ -47,6 +47,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     event,
     exists,
     func,
@@ -55,6 +56,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy import table as catalog_view
 from sqlalchemy.dialects.postgresql import ARRAY, OID, insert
 from sqlalchemy.engine import URL, CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -64,6 +66,15 @@ from app.store import queries
 from app.store.backend import Backend, Numbers
 from app.store.predicates import NON_TERMINAL, in_state, live, matches, settled_columns
 from app.store.types import ClaimIdentity, HandedBack, NewUpdate, Ordering, Settlement
+
+# The database's own counters of each table (a view of the statistics system).
+STAT_USER_TABLES = catalog_view(
+    "pg_stat_user_tables",
+    column("relid", OID),
+    column("n_mod_since_analyze", BigInteger),
+    column("last_analyze"),
+    column("last_autoanalyze"),
+)
 
 log = logging.getLogger(__name__)
 Compiled = tuple[str, dict[str, Any]]  # psycopg's SQL text and its constant parameters
@@ -437,6 +448,25 @@ class PostgresBackend(Backend):
         oid = cast(cast(func.to_regclass(table.name), OID), Integer)
         lock = select(func.pg_try_advisory_xact_lock(func.hashtext(purpose), oid))
         return bool((await connection.execute(lock)).scalar_one())
+
+    async def statistics_age(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, float] | None:
+        stats = STAT_USER_TABLES.c
+        last = func.greatest(stats.last_analyze, stats.last_autoanalyze)  # NULLs ignored
+        counters = select(
+            stats.n_mod_since_analyze,
+            func.extract("epoch", func.clock_timestamp() - last).label("age"),
+        ).where(stats.relid == cast(func.to_regclass(table.name), OID))
+        row = (await connection.execute(counters)).first()
+        if row is None or row.age is None:
+            return None
+        return int(row.n_mod_since_analyze), float(row.age)
+
+    async def analyze(self, connection: AsyncConnection, table: Table) -> None:
+        # Sampled (300 rows per statistics target unit): its time is bounded whatever the size.
+        name = connection.dialect.identifier_preparer.quote(table.name)
+        await connection.exec_driver_sql(f"ANALYZE {name}")
 
     async def database_time(self) -> int:
         async with self.read() as connection:

@@ -228,6 +228,16 @@ class SqliteBackend(Backend):
     async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
         return True  # the transaction holds the file's one write lock already
 
+    async def statistics_age(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, float] | None:
+        # SQLite counts no changes, and needs none: its statements name the index each walk
+        # reads (INDEXED BY, a unary + where an index must not serve), whatever the statistics.
+        return 0, 0.0
+
+    async def analyze(self, connection: AsyncConnection, table: Table) -> None:
+        return
+
     async def database_time(self) -> int:
         return time.time_ns() // 1_000_000
 

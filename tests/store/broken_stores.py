@@ -274,3 +274,18 @@ class ClaimNextWalksOnlyTheWindow(SqlUpdateStore):
 CONTROLS[ClaimNextWalksOnlyTheWindow] = (
     "claim_next_owned with chat ordering reaches the queues behind a long blocked one"
 )
+
+
+class RefreshStatisticsPrunes(SqlUpdateStore):
+    """Upkeep that does more than it says: gathering statistics also deletes settled rows."""
+
+    async def refresh_statistics(
+        self, *, min_changes: int = 1000, min_age_seconds: float = 10.0
+    ) -> bool:
+        await self.prune(2**62)
+        return await super().refresh_statistics(
+            min_changes=min_changes, min_age_seconds=min_age_seconds
+        )
+
+
+CONTROLS[RefreshStatisticsPrunes] = "refreshing the planner's statistics leaves every row as it was"

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store import SqlUpdateStore, chat_order, open_store, queries
+from app.store import NewUpdate, SqlUpdateStore, chat_order, open_store, queries
 from tests.conftest import Storage
 
 NOW = 2_000_000_000_000
@@ -216,3 +216,34 @@ async def test_concurrent_chat_claims_behind_a_blocked_chat_take_disjoint_heads(
     taken = [claimed.identity.update_id for batch in batches for claimed in batch]
     assert [len(batch) for batch in batches] == [LIMIT] * 4
     assert sorted(taken) == list(range(1_000_001, 1_000_001 + 4 * LIMIT))
+
+
+async def test_a_chat_claim_behind_ties_locks_only_the_rows_it_takes(
+    postgres_storage: Storage,
+) -> None:
+    # Every row due at one instant (ties past the window: the head walk answers). While one
+    # claim's transaction is open, another claimer must find the next heads: the first locks
+    # only the rows it takes, not every head tied with them (before: all 200, so the second
+    # claimer took none). SQLite has one writer, so it is PostgreSQL's question.
+    url = postgres_storage.url()
+    first, second = await open_store(url), await open_store(url)
+    try:
+        await first.add_many(
+            [
+                NewUpdate("shop", n, "{}", NOW - 1_000, queue_key=f"c{n % 200}")
+                for n in range(1, 801)
+            ]
+        )
+        engine = first.engine.execution_options(isolation_level="READ COMMITTED")
+        async with engine.connect() as connection:
+            transaction = await connection.begin()
+            held = (await connection.execute(claim(first))).all()
+            taken = await second.claim_next_owned(
+                now=NOW, lease_until=NOW + 60_000, max_attempts=8, limit=LIMIT, bots=["shop"]
+            )
+            await transaction.rollback()
+    finally:
+        await first.close()
+        await second.close()
+    assert [row.update_id for row in held] == list(range(1, LIMIT + 1))
+    assert [c.identity.update_id for c in taken] == list(range(LIMIT + 1, 2 * LIMIT + 1))

@@ -10,8 +10,17 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from app.dispatch.settler import Settler
-from app.store import ClaimIdentity, Completed, SqlUpdateStore, StoreUnavailable, open_store
+from app.store import (
+    ClaimIdentity,
+    Completed,
+    NewUpdate,
+    SqlUpdateStore,
+    StoreUnavailable,
+    open_store,
+    queries,
+)
 from tests.conftest import Storage, table_locked
+from tests.store.test_query_plans import explain
 
 
 def _now() -> int:
@@ -312,3 +321,85 @@ async def test_one_process_prunes_a_table_at_a_time(
         assert await store.prune(now + 1) == 3
     finally:
         await store.close()
+
+
+async def _fill_as_the_intake_does(store: SqlUpdateStore, count: int, first: int = 1) -> None:
+    """Pending rows in batched inserts, as the group commit writes them: no ANALYZE."""
+    now = _now()
+    for start in range(first, first + count, 500):
+        await store.add_many(
+            [
+                NewUpdate(
+                    "shop", n, f'{{"update_id": {n}}}', now - count + n, "message", f"c{n % 500}"
+                )
+                for n in range(start, min(start + 500, first + count))
+            ]
+        )
+
+
+async def _claim_plan(store: SqlUpdateStore) -> list[str]:
+    statement = queries.claim_next_owned(
+        store.table,
+        now=_now(),
+        lease_until=_now() + 60_000,
+        max_attempts=8,
+        limit=64,
+        ordering="chat",
+        bots=["shop"],
+        durable_exhaustion=True,
+        lateral=True,
+    )
+    async with store.engine.connect() as connection:
+        return await explain(connection, store, statement)
+
+
+async def _wait_for_counted_changes(store: SqlUpdateStore, at_least: int) -> None:
+    """The database's counters lag its writers by up to a second or so; wait for them."""
+    deadline = time.monotonic() + 30
+    while True:
+        async with store.engine.connect() as connection:
+            row = (
+                await connection.exec_driver_sql(
+                    "SELECT n_mod_since_analyze FROM pg_stat_user_tables "
+                    "WHERE relid = to_regclass('telegram_updates')"
+                )
+            ).first()
+        if row is not None and row[0] >= at_least:
+            return
+        assert time.monotonic() < deadline, f"the counters show {row} changes"
+        await asyncio.sleep(0.2)
+
+
+async def test_refresh_statistics_gathers_them_when_never_gathered_or_stale_and_old_enough(
+    postgres_storage: Storage,
+) -> None:
+    store = await open_store(postgres_storage.url())
+    try:
+        await _fill_as_the_intake_does(store, 100)
+        assert await store.refresh_statistics() is True  # never gathered
+        assert await store.refresh_statistics(min_changes=1, min_age_seconds=0) is False
+        await _fill_as_the_intake_does(store, 1_200, first=1_000)
+        await _wait_for_counted_changes(store, 1_200)
+        # Enough changes, but gathered moments ago: not again within min_age_seconds.
+        assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=60) is False
+        assert await store.refresh_statistics(min_changes=5_000, min_age_seconds=0) is False
+        assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=0) is True
+    finally:
+        await store.close()
+
+
+async def test_after_refresh_statistics_the_claim_walks_the_due_order_index(
+    postgres_storage: Storage,
+) -> None:
+    # A table filled by the intake and never analysed: the planner may believe it holds a
+    # handful of open rows and read all of them into a sort (a bitmap scan), or walk the bot's
+    # rows by another index. With statistics, the claim walks ix_due in due order.
+    store = await open_store(postgres_storage.url())
+    try:
+        await _fill_as_the_intake_does(store, 20_000)
+        assert await store.refresh_statistics() is True
+        plan = await _claim_plan(store)
+    finally:
+        await store.close()
+    assert "Index Only Scan telegram_updates ix_telegram_updates_due" in plan, plan
+    assert not [line for line in plan if line.startswith(("Bitmap", "Seq Scan"))], plan
