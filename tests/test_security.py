@@ -30,6 +30,8 @@ REVIEWED = {
     "make_metadata validated (validate.table_name) in alembic/env.py before any revision ran",
     ("alembic/versions/0002_claim_fence.py", "downgrade"): "the same validated table name",
     ("alembic/versions/0003_budget_and_delivery.py", "upgrade"): "the same validated table name",
+    ("app/store/postgres.py", "analyze"): "the store's table name, validated when the store "
+    "was opened (validate.table_name) and quoted by the dialect's identifier preparer",
 }
 
 
