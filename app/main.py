@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 from app import __version__, api
 from app.api import Services, health
 from app.api.health import check_capability
+from app.api.leases import LeaseChecks
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.dispatch.clock import DatabaseClock
@@ -86,7 +87,10 @@ def create_app(
                     dispatcher.wake()
                 await store.announce()  # workers in other processes
 
-            app.state.services = Services(settings, store, clock.now, wake)
+            leases = LeaseChecks(store, clock.now)
+            await leases.start()
+            stack.push_async_callback(leases.stop)
+            app.state.services = Services(settings, store, clock.now, wake, leases)
             freeze_after_startup()
             yield
 

@@ -52,8 +52,7 @@ async def owns(identity: Identity, grant: Callback) -> Owned:
     a domain write; where the downstream shares the database, check inside the write's own
     transaction instead (`telegram_intake_owns`, or `app.store.fencing`)."""
     _, claim = _fenced(grant, identity)
-    services = grant.services
-    lease = await services.store.owned_lease(claim, services.now())
+    lease = await grant.services.owned_lease(claim)  # concurrent checks share one read
     return Owned(owned=lease is not None, lease_expires_at=lease)
 
 

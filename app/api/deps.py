@@ -17,11 +17,12 @@ from fastapi import Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from app.api.leases import LeaseChecks
 from app.config import ApiKey, BotSettings, Scope, Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED
 from app.http.strict_json import NotJson, read_json
 from app.kit.wire import Problem
-from app.store import DurableUpdateStore
+from app.store import ClaimIdentity, DurableUpdateStore
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -39,6 +40,13 @@ class Services:
     store: DurableUpdateStore
     now: Callable[[], int]  # epoch ms by the database clock
     wake: Callable[[], Awaitable[None]]  # tell the workers a row changed
+    leases: LeaseChecks | None = None  # concurrent owns share a read; None: one read each
+
+    async def owned_lease(self, identity: ClaimIdentity) -> int | None:
+        """`owns` now: the live lease's expiry of exactly this attempt, or None."""
+        if self.leases is None:
+            return await self.store.owned_lease(identity, self.now())
+        return await self.leases.lease(identity)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,17 @@ class Backend(ABC):
         """The lease (`due_at`) of the exact live claim, read without a lock, or None."""
 
     @abstractmethod
+    async def owned_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        identities: Sequence[ClaimIdentity],
+        at: int,
+    ) -> dict[ClaimIdentity, int]:
+        """The lease (`due_at`) of each identity that is the exact live claim at `at`, read
+        without a lock; the others are absent."""
+
+    @abstractmethod
     async def settle_many_owned(
         self,
         connection: AsyncConnection,

@@ -247,6 +247,11 @@ class FencedUpdateStore(UpdateStore, Protocol):
         """`renew_owned`, answering with the lease's expiry after it instead of True."""
         ...
 
+    async def owned_leases(self, identities: Sequence[ClaimIdentity], at: int) -> list[int | None]:
+        """`owned_lease` of many identities at once, in their order: one statement where the
+        database can take them all (the callback API's concurrent `owns` share it)."""
+        ...
+
 
 @runtime_checkable
 class DurableUpdateStore(FencedUpdateStore, Protocol):

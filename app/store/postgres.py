@@ -297,6 +297,21 @@ def busy_owned(t: Table) -> Select[Any]:
     return select(t.c.bot, t.c.update_id).where(exact, live(t, batch.c.at))
 
 
+_IDENTITY_COLUMNS = {"bot": Text, "update_id": BigInteger, "attempt": Integer, "claim_id": Text}
+
+
+def owned_leases(t: Table) -> Select[Any]:
+    """Of a batch of identities (parallel arrays), the exact live claims at `:at` and their
+    leases: `owns`'s rule (`predicates.owned_by`) for all of them in one statement, read
+    without a lock."""
+    batch = _unnest(_IDENTITY_COLUMNS)
+    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    at = bindparam("at", type_=BigInteger)
+    return select(t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.due_at).where(
+        exact, live(t, at)
+    )
+
+
 def settle_many_parameters(
     items: Sequence[tuple[ClaimIdentity, Settlement]],
 ) -> dict[str, list[Any]]:
@@ -357,6 +372,7 @@ class PostgresBackend(Backend):
         if "uncounted" in table.c:  # the fenced methods' revision
             statements["settle_many_owned"] = settle_many_owned(table)
             statements["busy_owned"] = busy_owned(table)
+            statements["owned_leases"] = owned_leases(table)
             statements["owns"] = queries.owns(
                 table, identity=None, at=bindparam("at", type_=BigInteger), lock=False
             )
@@ -422,6 +438,21 @@ class PostgresBackend(Backend):
     ) -> Row[Any] | None:
         values = {**dataclasses.asdict(identity), "at": at}
         return (await self._execute(connection, self._compiled["owns"], values)).first()
+
+    async def owned_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        identities: Sequence[ClaimIdentity],
+        at: int,
+    ) -> dict[ClaimIdentity, int]:
+        rows = [dataclasses.asdict(identity) for identity in identities]
+        values = {**_arrays(_IDENTITY_COLUMNS, rows), "at": at}
+        result = await self._execute(connection, self._compiled["owned_leases"], values)
+        return {
+            ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
+            for row in result.all()
+        }
 
     async def settle_many_owned(
         self,

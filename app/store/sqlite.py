@@ -210,6 +210,21 @@ class SqliteBackend(Backend):
         row: Row[Any] | None = (await connection.execute(statement)).first()
         return row
 
+    async def owned_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        identities: Sequence[ClaimIdentity],
+        at: int,
+    ) -> dict[ClaimIdentity, int]:
+        # One read transaction of the local file: a statement each costs no round trip.
+        leases = {}
+        for identity in identities:
+            row = await self.owns(connection, table, identity, at)
+            if row is not None:
+                leases[identity] = int(row.due_at)
+        return leases
+
     async def settle_many_owned(
         self,
         connection: AsyncConnection,

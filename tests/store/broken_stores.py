@@ -289,3 +289,23 @@ class RefreshStatisticsPrunes(SqlUpdateStore):
 
 
 CONTROLS[RefreshStatisticsPrunes] = "refreshing the planner's statistics leaves every row as it was"
+
+
+class OwnedLeasesIgnoresClaimId(SqlUpdateStore):
+    """A batch of owns that matches the key and attempt only: a forged claim_id passes."""
+
+    async def owned_leases(self, identities: Sequence[ClaimIdentity], at: int) -> list[int | None]:
+        leases = []
+        for identity in identities:
+            row = await self.get_update(identity.bot, identity.update_id)
+            held = (
+                row is not None
+                and row.state == "processing"
+                and row.attempts == identity.attempt
+                and row.due_at >= at
+            )
+            leases.append(row.due_at if held and row is not None else None)
+        return leases
+
+
+CONTROLS[OwnedLeasesIgnoresClaimId] = "a batch of owns answers each identity as owns does"

@@ -1,5 +1,5 @@
 """Rules for what only the holder of a claim may write: settle, settle_owned, settle_many_owned,
-and the fence they share (owns, renew_owned, owns inside a transaction)."""
+and the fence they share (owns, owned_leases, renew_owned, owns inside a transaction)."""
 
 from __future__ import annotations
 
@@ -119,6 +119,28 @@ async def _holder_only_fenced(store: FencedUpdateStore, f: _Findings) -> None:
     f.equal(await store.settle_owned(fresh, Completed(251)), False, "settle after the lapse")
     third = await store.claim_owned(BOT, 1, now=251, lease_until=400, max_attempts=3)
     f.equal(None if third is None else third.attempt, 3, "claim after the refused settle")
+
+
+@_rule("a batch of owns answers each identity as owns does", "fenced")
+async def _owned_leases(store: FencedUpdateStore, f: _Findings) -> None:
+    if (claims := await _two_claims(store, f)) is None:
+        return
+    stale, fresh = claims  # update 1: attempt 1 lapsed at 100, attempt 2 leased until 200
+    await _record(store, 2)
+    other = await store.claim_owned(BOT, 2, now=150, lease_until=180, max_attempts=MAX)
+    if other is None:
+        f.expect(False, "claim_owned of update 2 gave None")
+        return
+    forged = _other(fresh, claim_id=fresh.claim_id + "-wrong")
+    asked = [fresh, stale, other, forged, fresh]
+    f.equal(
+        await store.owned_leases(asked, 150),
+        [200, None, 180, None, 200],
+        "owned_leases at 150 (the holder twice, a stale attempt, another update, a forgery)",
+    )
+    f.equal(await store.owned_leases(asked, 181), [200, None, None, None, 200], "at 181")
+    f.equal(await store.owned_leases(asked, 201), [None] * 5, "after every lease lapsed")
+    f.equal(await store.owned_leases([], 150), [], "no identities")
 
 
 @_rule("a batch settle applies each settlement only for its exact live identity", "fenced")

@@ -155,6 +155,16 @@ class FencedMethods(BaseMethods):
                 row = await self._backend.owns(own, self.table, identity, at)
         return None if row is None else int(row.due_at)
 
+    async def owned_leases(self, identities: Sequence[ClaimIdentity], at: int) -> list[int | None]:
+        self.require("fenced", "owns")
+        checked = [check_identity(identity) for identity in identities]
+        at = validate.millis("at", at)
+        if not checked:
+            return []
+        async with self._read() as connection:
+            leases = await self._backend.owned_leases(connection, self.table, checked, at)
+        return [leases.get(identity) for identity in checked]
+
     async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
         self.require("fenced", "settle_owned")
         statement = queries.settle_owned(
