@@ -12,7 +12,17 @@ import importlib
 import os
 from pathlib import Path
 
-BENCHMARKS = ("store", "claims", "plans", "intake", "client", "dispatch", "api", "reader")
+BENCHMARKS = (
+    "store",
+    "claims",
+    "plans",
+    "intake",
+    "client",
+    "dispatch",
+    "api",
+    "pipeline",
+    "reader",
+)
 
 
 def main() -> None:

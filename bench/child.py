@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,15 +20,37 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Child:
+    """A started child: the first line of its output holding `ready`, and its pid."""
+
+    line: str
+    pid: int
+
+    def peak_rss_mib(self) -> float:
+        """The child's peak resident set so far (its high-water mark, VmHWM), MiB."""
+        with open(f"/proc/{self.pid}/status") as status:
+            for field in status:
+                if field.startswith("VmHWM:"):
+                    return int(field.split()[1]) / 1024
+        raise RuntimeError(f"no VmHWM for process {self.pid}")
+
+    def cpu_seconds(self) -> float:
+        """CPU time the child has used so far, user and system."""
+        with open(f"/proc/{self.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @asynccontextmanager
 async def process(
     *command: str,
     env: dict[str, str] | None = None,
     ready: str = "",
     merge_stderr: bool = True,
-) -> AsyncIterator[str]:
-    """A child process in the project's root; yields the first line of its output holding
-    `ready` (at once, and "", when `ready` is empty). SIGTERM on exit, SIGKILL after 30 s."""
+) -> AsyncIterator[Child]:
+    """A child process in the project's root; yields it once the first line of its output
+    holds `ready` (at once when `ready` is empty). SIGTERM on exit, SIGKILL after 30 s."""
     child = await asyncio.create_subprocess_exec(
         *command,
         cwd=ROOT,
@@ -47,7 +71,7 @@ async def process(
                     raise RuntimeError(f"{command} exited before it was ready:\n{output}")
                 seen.append(line)
         drain = asyncio.create_task(child.stdout.read())  # never let its pipe fill
-        yield line.decode().strip()
+        yield Child(line.decode().strip(), child.pid)
     finally:
         if child.returncode is None:
             child.send_signal(signal.SIGTERM)

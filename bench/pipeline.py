@@ -1,0 +1,184 @@
+"""The whole path, as it runs in production: posts through `serve`, drained by `worker`
+processes, to a downstream in its own process. All on PostgreSQL.
+
+For 1 and 2 worker processes, and for each of two downstreams (an aiohttp process):
+- `plain`: answers 200 at once;
+- `owns`: first asks `POST /v1/claims/owns` of `serve` with the attempt's identity, as the
+  README tells a downstream to, and answers 200 if owned (409 if not).
+A client posts N updates over 500 chats to `serve` (64 at a time, as fast as it answers), as
+Telegram would; the workers deliver while the posts arrive. Throughput is N over the time from
+the first post to the last arrival; latency runs from each post's start to its arrival at the
+downstream. Peak RSS is each process's own high-water mark (VmHWM), and CPU its user and
+system time from the first post to the last arrival, per 1,000 updates (where the time
+goes; start-up not counted). Beside them, in the same
+run, `bench dispatch`'s drain: the same N rows recorded first, then drained by one worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from contextlib import AsyncExitStack
+
+import aiohttp
+
+from app.store.migrate import upgrade
+from bench.child import Child, free_port, process
+from bench.dispatch import CHATS, SECRET, body, drain_ours, fresh_schema, worker_env
+
+KEY = "bench-pipeline-key.0123456789"
+CONCURRENCY = 64
+DOWNSTREAM = """
+import asyncio, sys, time
+from aiohttp import ClientSession, TCPConnector, web
+mode, intake, key = sys.argv[2], sys.argv[3], sys.argv[4]
+seen = {}
+session = None
+async def hook(request):
+    global session
+    await request.read()
+    headers = request.headers
+    update_id = headers["x-intake-update-id"]
+    if mode == "owns":
+        if session is None:
+            session = ClientSession(connector=TCPConnector(limit=64))
+        identity = {
+            "bot": headers["x-intake-bot"],
+            "update_id": int(update_id),
+            "attempt": int(headers["x-intake-attempt"]),
+            "claim_id": headers["x-intake-claim-id"],
+        }
+        async with session.post(
+            f"{intake}/v1/claims/owns", json=identity, headers={"authorization": f"Bearer {key}"}
+        ) as answer:
+            owned = (await answer.json())["owned"]
+        if not owned:
+            return web.Response(status=409, text="{}")
+    seen.setdefault(update_id, time.time())
+    return web.Response(text="{}")
+async def count(request):
+    return web.json_response({"count": len(seen)})
+async def times(request):
+    return web.json_response(seen)
+app = web.Application()
+app.router.add_post("/hook", hook)
+app.router.add_get("/count", count)
+app.router.add_get("/times", times)
+print("ready", flush=True)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+
+
+class Case:
+    def __init__(self, workers: int, downstream: str) -> None:
+        self.workers = workers
+        self.downstream = downstream
+        self.rate = 0.0
+        self.p50 = self.p99 = 0.0
+        self.peaks: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}  # CPU seconds per 1,000 updates, by process
+
+
+async def run_case(case: Case, count: int) -> None:
+    async with fresh_schema() as (url, _), AsyncExitStack() as stack:
+        upgrade(url)
+        port, hook_port = free_port(), free_port()
+        intake = f"http://127.0.0.1:{port}"
+        downstream = f"http://127.0.0.1:{hook_port}"
+        env = worker_env(url, downstream, INTAKE_PORT=str(port), INTAKE_API_KEYS=KEY)
+        children: dict[str, Child] = {}
+        command = (sys.executable, "-c", DOWNSTREAM, str(hook_port), case.downstream, intake, KEY)
+        children["downstream"] = await stack.enter_async_context(process(*command, ready="ready"))
+        serve = (sys.executable, "-m", "app.cli", "serve")
+        children["serve"] = await stack.enter_async_context(
+            process(*serve, env=env, ready="Uvicorn running")
+        )
+        for n in range(case.workers):
+            worker = (sys.executable, "-m", "app.cli", "worker")
+            children[f"worker {n + 1}"] = await stack.enter_async_context(
+                process(*worker, env=env, ready="worker started")
+            )
+        started = {name: child.cpu_seconds() for name, child in children.items()}
+        sent, first = await _post_all(intake, count)
+        arrived = await _wait_arrived(downstream, count)
+        case.peaks = {name: child.peak_rss_mib() for name, child in children.items()}
+        case.cpu = {
+            name: (child.cpu_seconds() - started[name]) * 1000 / count
+            for name, child in children.items()
+        }
+    last = max(arrived.values())
+    case.rate = count / (last - first)
+    spans = statistics.quantiles([(arrived[n] - sent[n]) * 1000 for n in sent], n=100)
+    case.p50, case.p99 = spans[49], spans[98]
+
+
+async def _post_all(intake: str, count: int) -> tuple[dict[str, float], float]:
+    """POST every update to `serve`, CONCURRENCY at a time; each one's start, and the first."""
+    sent: dict[str, float] = {}
+    headers = {"x-telegram-bot-api-secret-token": SECRET, "content-type": "application/json"}
+    numbers = iter(range(1, count + 1))
+    first = time.time()
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def poster() -> None:
+            for n in numbers:
+                sent[str(n)] = time.time()
+                async with session.post(
+                    f"{intake}/telegram/default", data=body(n), headers=headers
+                ) as answer:
+                    assert answer.status == 200, answer.status
+
+        await asyncio.gather(*(poster() for _ in range(CONCURRENCY)))
+    return sent, first
+
+
+async def _wait_arrived(downstream: str, count: int) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session, asyncio.timeout(600):
+        while True:
+            async with session.get(f"{downstream}/count") as answer:
+                if (await answer.json())["count"] >= count:
+                    break
+            await asyncio.sleep(0.1)
+        async with session.get(f"{downstream}/times") as answer:
+            times: dict[str, float] = await answer.json()
+            return times
+
+
+async def main(*, quick: bool = False) -> str:
+    count = 2_000 if quick else 20_000
+    cases = [Case(w, d) for w in (1, 2) for d in ("plain", "owns")]
+    for case in cases:
+        print(f"bench pipeline: {case.workers} worker(s), {case.downstream}", file=sys.stderr)
+        await run_case(case, count)
+    print("bench pipeline: bench dispatch's drain", file=sys.stderr)
+    hook_port = free_port()
+    plain = (sys.executable, "-c", DOWNSTREAM, str(hook_port), "plain", "http://127.0.0.1:9", KEY)
+    async with process(*plain, ready="ready"):
+        drain = await drain_ours(f"http://127.0.0.1:{hook_port}", 1, count, analyzed=False)
+    plain_rate = {c.workers: c.rate for c in cases if c.downstream == "plain"}
+    rows = []
+    for case in cases:
+        peaks = ", ".join(f"{name} {mib:.0f}" for name, mib in case.peaks.items())
+        cpu = ", ".join(f"{name} {seconds:.2f}" for name, seconds in case.cpu.items())
+        rows.append(
+            f"| {case.workers} | {case.downstream} | {case.rate:,.0f} | "
+            f"{case.rate / plain_rate[case.workers]:.2f} | {case.p50:.1f} | {case.p99:.1f} "
+            f"| {peaks} | {cpu} |"
+        )
+    return "\n".join(
+        [
+            f"{count:,} updates over {CHATS} chats posted through `serve` ({CONCURRENCY} at a "
+            "time) and delivered by `worker` processes to a downstream process, PostgreSQL.",
+            "",
+            "| workers | downstream | updates/s | x plain | POST to arrival p50 ms | p99 ms "
+            "| peak RSS MiB | CPU s per 1,000 updates |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            *rows,
+            "",
+            f"`bench dispatch`'s drain in the same run (the rows recorded first, one worker, "
+            f"the plain downstream, no manual ANALYZE): {drain:,.0f} updates/s.",
+        ]
+    )
