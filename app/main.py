@@ -14,7 +14,7 @@ from starlette.types import ASGIApp
 from app import __version__, api
 from app.api import Services, health
 from app.api.health import check_capability
-from app.api.leases import LeaseChecks
+from app.api.leases import LeaseChecks, LeaseRenewals
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.dispatch.clock import DatabaseClock
@@ -87,10 +87,11 @@ def create_app(
                     dispatcher.wake()
                 await store.announce()  # workers in other processes
 
-            leases = LeaseChecks(store, clock.now)
-            await leases.start()
-            stack.push_async_callback(leases.stop)
-            app.state.services = Services(settings, store, clock.now, wake, leases)
+            leases, renewals = LeaseChecks(store, clock.now), LeaseRenewals(store, clock.now)
+            for batcher in (leases, renewals):
+                await batcher.start()
+                stack.push_async_callback(batcher.stop)
+            app.state.services = Services(settings, store, clock.now, wake, leases, renewals)
             freeze_after_startup()
             yield
 

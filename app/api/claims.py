@@ -72,10 +72,8 @@ async def renew(request: RenewRequest, grant: Callback) -> Response:
     """Extend a live lease to `lease_ms` from now (never shortened, never revived once
     lapsed). A 202-deferring downstream renews before `X-Intake-Lease-Expires-At`."""
     bot, claim = _fenced(grant, request)
-    services = grant.services
-    now = services.now()
     lease_ms = request.lease_ms or int(bot.lease_seconds * 1000)
-    lease = await services.store.renewed_lease(claim, now + lease_ms, now)
+    lease = await grant.services.renewed_lease(claim, lease_ms)  # concurrent renews share one
     return _answer("renewed", lease)
 
 

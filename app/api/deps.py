@@ -17,7 +17,7 @@ from fastapi import Depends, HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.api.leases import LeaseChecks
+from app.api.leases import LeaseChecks, LeaseRenewals
 from app.config import ApiKey, BotSettings, Scope, Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED
 from app.http.strict_json import NotJson, read_json
@@ -40,13 +40,22 @@ class Services:
     store: DurableUpdateStore
     now: Callable[[], int]  # epoch ms by the database clock
     wake: Callable[[], Awaitable[None]]  # tell the workers a row changed
-    leases: LeaseChecks | None = None  # concurrent owns share a read; None: one read each
+    # Concurrent owns share a read and renews a write; None: a statement each.
+    leases: LeaseChecks | None = None
+    renewals: LeaseRenewals | None = None
 
     async def owned_lease(self, identity: ClaimIdentity) -> int | None:
         """`owns` now: the live lease's expiry of exactly this attempt, or None."""
         if self.leases is None:
             return await self.store.owned_lease(identity, self.now())
         return await self.leases.lease(identity)
+
+    async def renewed_lease(self, identity: ClaimIdentity, lease_ms: int) -> int | None:
+        """`renew` to `lease_ms` from now: the lease's expiry after it, or None."""
+        if self.renewals is None:
+            now = self.now()
+            return await self.store.renewed_lease(identity, now + lease_ms, now)
+        return await self.renewals.renew(identity, lease_ms)
 
 
 @dataclass(frozen=True)

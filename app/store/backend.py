@@ -99,6 +99,19 @@ class Backend(ABC):
         without a lock; the others are absent."""
 
     @abstractmethod
+    async def renewed_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        renewals: Sequence[tuple[ClaimIdentity, int]],
+        now: int,
+    ) -> dict[ClaimIdentity, int]:
+        """Renew each identity (distinct ones) that holds a live lease at `now` to its
+        `lease_until`, never shortening, in this transaction; the leases after it. A renewal
+        left out was refused or (PostgreSQL) skipped because another transaction holds its
+        row: the caller asks again alone."""
+
+    @abstractmethod
     async def settle_many_owned(
         self,
         connection: AsyncConnection,

@@ -252,6 +252,14 @@ class FencedUpdateStore(UpdateStore, Protocol):
         database can take them all (the callback API's concurrent `owns` share it)."""
         ...
 
+    async def renewed_leases(
+        self, renewals: Sequence[tuple[ClaimIdentity, int]], now: int
+    ) -> list[int | None]:
+        """`renewed_lease(identity, lease_until, now)` of many renewals at once, in their
+        order: one statement where the database can take them all (the callback API's
+        concurrent `renew` share it). The same identity twice is renewed to the later time."""
+        ...
+
 
 @runtime_checkable
 class DurableUpdateStore(FencedUpdateStore, Protocol):

@@ -312,6 +312,36 @@ def owned_leases(t: Table) -> Select[Any]:
     )
 
 
+_RENEW_COLUMNS = {**_IDENTITY_COLUMNS, "lease_until": BigInteger}
+
+
+def renewed_leases(t: Table) -> Update:
+    """A batch of renewals (parallel arrays of distinct identities), each matched on its full
+    identity and a lease live at `:now` (the rule of `queries.renew_owned`), extended to its
+    `lease_until` and never shortened. A row another transaction holds locked is skipped, not
+    waited for (as `settle_many_owned`): its caller renews it alone."""
+    batch = select(_unnest(_RENEW_COLUMNS)).cte("batch")
+    free = (
+        select(t.c.bot, t.c.update_id)
+        .join(batch, and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id))
+        .with_for_update(skip_locked=True, of=t)
+        .cte("free")
+    )
+    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    now = bindparam("now", type_=BigInteger)
+    extended = case((t.c.due_at < batch.c.lease_until, batch.c.lease_until), else_=t.c.due_at)
+    return (
+        update(t)
+        .where(
+            exact,
+            live(t, now),
+            tuple_(t.c.bot, t.c.update_id).in_(select(free.c.bot, free.c.update_id)),
+        )
+        .values(due_at=extended)
+        .returning(t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.due_at)
+    )
+
+
 def settle_many_parameters(
     items: Sequence[tuple[ClaimIdentity, Settlement]],
 ) -> dict[str, list[Any]]:
@@ -373,6 +403,7 @@ class PostgresBackend(Backend):
             statements["settle_many_owned"] = settle_many_owned(table)
             statements["busy_owned"] = busy_owned(table)
             statements["owned_leases"] = owned_leases(table)
+            statements["renewed_leases"] = renewed_leases(table)
             statements["owns"] = queries.owns(
                 table, identity=None, at=bindparam("at", type_=BigInteger), lock=False
             )
@@ -449,6 +480,24 @@ class PostgresBackend(Backend):
         rows = [dataclasses.asdict(identity) for identity in identities]
         values = {**_arrays(_IDENTITY_COLUMNS, rows), "at": at}
         result = await self._execute(connection, self._compiled["owned_leases"], values)
+        return {
+            ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
+            for row in result.all()
+        }
+
+    async def renewed_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        renewals: Sequence[tuple[ClaimIdentity, int]],
+        now: int,
+    ) -> dict[ClaimIdentity, int]:
+        rows = [
+            {**dataclasses.asdict(identity), "lease_until": lease_until}
+            for identity, lease_until in renewals
+        ]
+        values = {**_arrays(_RENEW_COLUMNS, rows), "now": now}
+        result = await self._execute(connection, self._compiled["renewed_leases"], values)
         return {
             ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
             for row in result.all()

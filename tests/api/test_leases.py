@@ -1,4 +1,5 @@
-"""Concurrent `owns` callbacks share one read (app/api/leases.py), answering each exactly."""
+"""Concurrent `owns` and `renew` callbacks share one statement each (app/api/leases.py),
+answering each exactly."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.api.leases import LeaseChecks
+from app.api.leases import LeaseChecks, LeaseRenewals
 from app.store import ClaimIdentity, SqlUpdateStore, StoreUnavailable, open_store
 from tests.conftest import Storage
 
@@ -56,6 +57,52 @@ async def test_concurrent_checks_share_reads_and_each_gets_its_own_answer(
     assert answers == expected
     assert sum(store.reads) == len(asked)
     assert len(store.reads) < len(asked) / 4, store.reads  # shared: 80 checks, a few reads
+
+
+class CountedRenewals(SqlUpdateStore):
+    reads: list[int]
+
+    async def renewed_leases(
+        self, renewals: Sequence[tuple[ClaimIdentity, int]], now: int
+    ) -> list[int | None]:
+        self.reads.append(len(renewals))
+        return await super().renewed_leases(renewals, now)
+
+
+async def test_concurrent_renewals_share_writes_extend_each_and_refuse_the_rest(
+    storage: Storage,
+) -> None:
+    store = await open_store(storage.url())
+    store.__class__ = CountedRenewals
+    assert isinstance(store, CountedRenewals)
+    store.reads = []
+    renewals = LeaseRenewals(store, _now)
+    await renewals.start()
+    try:
+        now = _now()
+        held: list[ClaimIdentity] = []
+        for update_id in range(1, 41):
+            await store.add("shop", update_id, "{}", now)
+            identity = await store.claim_owned(
+                "shop", update_id, now=now, lease_until=now + 1_000, max_attempts=3
+            )
+            assert identity is not None
+            held.append(identity)
+        forged = [ClaimIdentity(i.bot, i.update_id, i.attempt, i.claim_id + "x") for i in held]
+        asked = [
+            (identity, 600_000) for pair in zip(held, forged, strict=True) for identity in pair
+        ]
+        answers = await asyncio.gather(*(renewals.renew(i, ms) for i, ms in asked))
+        leases = await store.owned_leases(held, now)
+    finally:
+        await renewals.stop()
+        await store.close()
+    assert [answer is not None for answer in answers] == [True, False] * 40
+    renewed = [answer for answer in answers if answer is not None]
+    assert all(lease >= now + 600_000 for lease in renewed)
+    assert leases == renewed
+    assert sum(store.reads) == len(asked)
+    assert len(store.reads) < len(asked) / 4, store.reads
 
 
 class UnavailableStore(SqlUpdateStore):

@@ -309,3 +309,31 @@ class OwnedLeasesIgnoresClaimId(SqlUpdateStore):
 
 
 CONTROLS[OwnedLeasesIgnoresClaimId] = "a batch of owns answers each identity as owns does"
+
+
+class RenewedLeasesTakeTheLast(SqlUpdateStore):
+    """A batch of renewals that applies each in turn as asked, unconditionally: the later
+    renewal of the same attempt shortens what the earlier one gave."""
+
+    async def renewed_leases(
+        self, renewals: Sequence[tuple[ClaimIdentity, int]], now: int
+    ) -> list[int | None]:
+        leases: dict[ClaimIdentity, int | None] = {}
+        for identity, lease_until in renewals:
+            if await self.owns(identity, now):
+                t = self.table
+                async with self._write() as connection:
+                    await connection.execute(
+                        update(t)
+                        .where(t.c.bot == identity.bot, t.c.update_id == identity.update_id)
+                        .values(due_at=lease_until)
+                    )
+                leases[identity] = lease_until
+            else:
+                leases.setdefault(identity, None)
+        return [leases[identity] for identity, _ in renewals]
+
+
+CONTROLS[RenewedLeasesTakeTheLast] = (
+    "a batch of renewals extends each exact live lease, never shortening one"
+)

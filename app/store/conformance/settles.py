@@ -143,6 +143,29 @@ async def _owned_leases(store: FencedUpdateStore, f: _Findings) -> None:
     f.equal(await store.owned_leases([], 150), [], "no identities")
 
 
+@_rule("a batch of renewals extends each exact live lease, never shortening one", "fenced")
+async def _renewed_leases(store: FencedUpdateStore, f: _Findings) -> None:
+    if (claims := await _two_claims(store, f)) is None:
+        return
+    stale, fresh = claims  # update 1: attempt 1 lapsed at 100, attempt 2 leased until 200
+    await _record(store, 2)
+    other = await store.claim_owned(BOT, 2, now=150, lease_until=180, max_attempts=MAX)
+    if other is None:
+        f.expect(False, "claim_owned of update 2 gave None")
+        return
+    forged = _other(fresh, claim_id=fresh.claim_id + "-wrong")
+    renewals = [(fresh, 300), (stale, 900), (other, 170), (forged, 900), (fresh, 250)]
+    f.equal(
+        await store.renewed_leases(renewals, 150),
+        [300, None, 180, None, 300],
+        "renewed_leases at 150 (the holder twice, a stale attempt, a shorter renewal, a forgery)",
+    )
+    f.equal(await store.owned_leases([fresh, other], 150), [300, 180], "the leases after it")
+    f.equal(await store.renewed_leases([(other, 900)], 181), [None], "a lapsed lease")
+    f.equal(await store.owned_leases([other], 180), [180], "the lapsed lease, not revived")
+    f.equal(await store.renewed_leases([], 150), [], "no renewals")
+
+
 @_rule("a batch settle applies each settlement only for its exact live identity", "fenced")
 async def _settle_many(store: FencedUpdateStore, f: _Findings) -> None:
     settle_many = store.settle_many_owned

@@ -165,6 +165,28 @@ class FencedMethods(BaseMethods):
             leases = await self._backend.owned_leases(connection, self.table, checked, at)
         return [leases.get(identity) for identity in checked]
 
+    async def renewed_leases(
+        self, renewals: Sequence[tuple[ClaimIdentity, int]], now: int
+    ) -> list[int | None]:
+        self.require("fenced", "renew_owned")
+        now = validate.millis("now", now)
+        latest: dict[ClaimIdentity, int] = {}  # one renewal per identity: the later lease
+        for identity, lease_until in renewals:
+            identity = check_identity(identity)
+            lease_until = validate.millis("lease_until", lease_until)
+            latest[identity] = max(lease_until, latest.get(identity, lease_until))
+        if not latest:
+            return []
+        async with self._write() as connection:
+            leases = await self._backend.renewed_leases(
+                connection, self.table, list(latest.items()), now
+            )
+        for identity in latest.keys() - leases.keys():  # refused, or its row held: alone
+            lease = await self.renewed_lease(identity, latest[identity], now)
+            if lease is not None:
+                leases[identity] = lease
+        return [leases.get(identity) for identity, _ in renewals]
+
     async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
         self.require("fenced", "settle_owned")
         statement = queries.settle_owned(
