@@ -1,7 +1,8 @@
 """Run the benchmarks: `python -m bench` (all) or `python -m bench store`.
 
 Each benchmark's module is imported when it runs: `store`, `claims` and `plans` need only the
-project's own dependencies, the others the `bench` extra (`pip install -e '.[bench]'`).
+project's own dependencies, the others the `bench` extra (`pip install -e '.[bench]'`). Under
+each report: the peak RSS of the benchmark's own process and of every child it ran.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import importlib
 import os
 from pathlib import Path
+
+from bench import child
 
 BENCHMARKS = (
     "store",
@@ -35,6 +38,7 @@ def main() -> None:
     for name in args.names or list(BENCHMARKS):
         benchmark = importlib.import_module(f"bench.{name}")
         report = asyncio.run(benchmark.main(quick=args.quick))
+        report += "\n\n" + child.peaks_line()
         header = f"# bench {name} ({os.cpu_count()} cores)\n\n"
         (results / f"{name}.md").write_text(header + report + "\n")
         print(header + report)

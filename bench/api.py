@@ -83,7 +83,15 @@ async def main(*, quick: bool = False) -> str:
         env = worker_env(url, "http://127.0.0.1:9", INTAKE_PORT=str(port), INTAKE_API_KEYS=KEY)
         base = f"http://127.0.0.1:{port}"
         loads: dict[str, Load] = {}
-        serve = process(sys.executable, "-m", "app.cli", "serve", env=env, ready="Uvicorn running")
+        serve = process(
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            env=env,
+            ready="Uvicorn running",
+            label="serve",
+        )
         async with serve:
             print("bench api: /healthz", file=sys.stderr)
             loads["GET /healthz (ceiling: no database, no key)"] = await _measure(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import socket
 from collections.abc import AsyncIterator
@@ -42,15 +43,34 @@ class Child:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# The peak RSS (MiB) of every child a benchmark ran, by label, the highest of each label:
+# `python -m bench` prints them under each benchmark's tables, with its own process's.
+PEAKS: dict[str, float] = {}
+
+
+def own_peak_rss_mib() -> float:
+    """This process's peak resident set, MiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peaks_line() -> str:
+    """The peak RSS of this process and of the children run since the last call."""
+    children = "".join(f"; {label} {mib:.0f}" for label, mib in sorted(PEAKS.items()))
+    PEAKS.clear()
+    return f"Peak RSS, MiB: the benchmark's own process {own_peak_rss_mib():.0f}{children}."
+
+
 @asynccontextmanager
 async def process(
     *command: str,
     env: dict[str, str] | None = None,
     ready: str = "",
     merge_stderr: bool = True,
+    label: str | None = None,
 ) -> AsyncIterator[Child]:
     """A child process in the project's root; yields it once the first line of its output
-    holds `ready` (at once when `ready` is empty). SIGTERM on exit, SIGKILL after 30 s."""
+    holds `ready` (at once when `ready` is empty). SIGTERM on exit, SIGKILL after 30 s. With
+    `label`, its peak RSS goes into PEAKS when it stops."""
     child = await asyncio.create_subprocess_exec(
         *command,
         cwd=ROOT,
@@ -73,6 +93,9 @@ async def process(
         drain = asyncio.create_task(child.stdout.read())  # never let its pipe fill
         yield Child(line.decode().strip(), child.pid)
     finally:
+        if label is not None and child.returncode is None:
+            peak = Child("", child.pid).peak_rss_mib()
+            PEAKS[label] = max(peak, PEAKS.get(label, 0.0))
         if child.returncode is None:
             child.send_signal(signal.SIGTERM)
         try:

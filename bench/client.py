@@ -116,7 +116,7 @@ async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
 
 async def main(*, quick: bool = False) -> str:
     port = free_port()
-    async with process(sys.executable, "-c", SERVER, str(port)):
+    async with process(sys.executable, "-c", SERVER, str(port), label="aiohttp server"):
         await asyncio.sleep(1.5)
         results = await _measure(f"http://127.0.0.1:{port}/hook", 1.0 if quick else 5.0)
     best = max(rate for _, rate in results.values())

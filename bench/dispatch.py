@@ -166,7 +166,15 @@ async def _workers(env: dict[str, str], count: int) -> AsyncIterator[None]:
     async with AsyncExitStack() as stack:
         for _ in range(count):
             await stack.enter_async_context(
-                process(sys.executable, "-m", "app.cli", "worker", env=env, ready="worker started")
+                process(
+                    sys.executable,
+                    "-m",
+                    "app.cli",
+                    "worker",
+                    env=env,
+                    ready="worker started",
+                    label="worker",
+                )
             )
         yield
 
@@ -230,7 +238,7 @@ async def drain_pgqueuer(downstream: str, count: int) -> float:
             )
             async with aiohttp.ClientSession() as session:
                 await session.post(f"{downstream}/reset")
-                async with process(*command, ready="ready"):
+                async with process(*command, ready="ready", label="PgQueuer worker"):
                     started = time.perf_counter()
                     while True:
                         if not await connection.fetchval("SELECT count(*) FROM pgqueuer"):
@@ -252,7 +260,15 @@ async def latency(downstream: str, rate: float, seconds: float) -> Spans:
         upgrade(url)
         port = free_port()
         env = worker_env(url, downstream, INTAKE_PORT=str(port))
-        serve = process(sys.executable, "-m", "app.cli", "serve", env=env, ready="Uvicorn running")
+        serve = process(
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            env=env,
+            ready="Uvicorn running",
+            label="serve",
+        )
         async with serve, _workers(env, 1), aiohttp.ClientSession() as session:
             await session.post(f"{downstream}/reset")
             sent: dict[str, float] = {}
@@ -302,7 +318,7 @@ async def main(*, quick: bool = False) -> str:
     count = 2_000 if quick else 20_000
     port = free_port()
     downstream = f"http://127.0.0.1:{port}"
-    server = process(sys.executable, "-c", DOWNSTREAM, str(port), ready="")
+    server = process(sys.executable, "-c", DOWNSTREAM, str(port), ready="", label="downstream")
     lines: list[str] = []
     async with server:
         await asyncio.sleep(1.0)

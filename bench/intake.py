@@ -88,7 +88,7 @@ class Load:
 async def server(kind: str, database_url: str) -> AsyncIterator[int]:
     """Start one server process; yield its port; stop it with SIGTERM."""
     command = (sys.executable, "-m", "bench.intake_servers", kind, database_url)
-    async with process(*command, ready="ready ", merge_stderr=False) as child:
+    async with process(*command, ready="ready ", merge_stderr=False, label=kind) as child:
         yield int(child.line.split()[1])
 
 
