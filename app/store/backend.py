@@ -131,9 +131,10 @@ class Backend(ABC):
     @abstractmethod
     async def statistics_age(
         self, connection: AsyncConnection, table: Table
-    ) -> tuple[int, float] | None:
+    ) -> tuple[int, float, float] | None:
         """Rows written to `table` since the planner's statistics were last gathered (as the
-        database counts them), and the seconds since; None when they never were."""
+        database counts them), the seconds since, and the rows the table had then; None when
+        they never were."""
 
     @abstractmethod
     async def analyze(self, connection: AsyncConnection, table: Table) -> None:

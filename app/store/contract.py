@@ -150,10 +150,11 @@ class UpdateStore(Protocol):
     async def refresh_statistics(
         self, *, min_changes: int = 1000, min_age_seconds: float = 10.0
     ) -> bool:
-        """Gather the planner's statistics of the table again when they never were, or when
-        at least `min_changes` rows were written since and they are `min_age_seconds` old;
-        whether they were gathered now. One process at a time: a call that finds another one
-        at it returns False. Upkeep, not a transition: no row changes."""
+        """Gather the planner's statistics of the table again when they never were, or when at least
+        `min_changes` rows were written since and they are `min_age_seconds` old or the table has
+        since seen more writes than it then had rows (a burst into an empty or small table); whether
+        they were gathered now. One process at a time: a call that finds another one at it returns
+        False. Upkeep, not a transition: no row changes."""
         ...
 
 

@@ -76,6 +76,9 @@ STAT_USER_TABLES = catalog_view(
     column("last_autoanalyze"),
 )
 
+# The planner's size of each relation, as the last ANALYZE or VACUUM left it.
+PG_CLASS = catalog_view("pg_class", column("oid", OID), column("reltuples"))
+
 log = logging.getLogger(__name__)
 Compiled = tuple[str, dict[str, Any]]  # psycopg's SQL text and its constant parameters
 
@@ -531,17 +534,22 @@ class PostgresBackend(Backend):
 
     async def statistics_age(
         self, connection: AsyncConnection, table: Table
-    ) -> tuple[int, float] | None:
-        stats = STAT_USER_TABLES.c
+    ) -> tuple[int, float, float] | None:
+        stats, classes = STAT_USER_TABLES.c, PG_CLASS.c
         last = func.greatest(stats.last_analyze, stats.last_autoanalyze)  # NULLs ignored
-        counters = select(
-            stats.n_mod_since_analyze,
-            func.extract("epoch", func.clock_timestamp() - last).label("age"),
-        ).where(stats.relid == cast(func.to_regclass(table.name), OID))
+        counters = (
+            select(
+                stats.n_mod_since_analyze,
+                func.extract("epoch", func.clock_timestamp() - last).label("age"),
+                classes.reltuples,
+            )
+            .join_from(STAT_USER_TABLES, PG_CLASS, classes.oid == stats.relid)
+            .where(stats.relid == cast(func.to_regclass(table.name), OID))
+        )
         row = (await connection.execute(counters)).first()
         if row is None or row.age is None:
             return None
-        return int(row.n_mod_since_analyze), float(row.age)
+        return int(row.n_mod_since_analyze), float(row.age), max(float(row.reltuples), 0.0)
 
     async def analyze(self, connection: AsyncConnection, table: Table) -> None:
         # Sampled (300 rows per statistics target unit): its time is bounded whatever the size.

@@ -263,10 +263,10 @@ class SqliteBackend(Backend):
 
     async def statistics_age(
         self, connection: AsyncConnection, table: Table
-    ) -> tuple[int, float] | None:
+    ) -> tuple[int, float, float] | None:
         # SQLite counts no changes, and needs none: its statements name the index each walk
         # reads (INDEXED BY, a unary + where an index must not serve), whatever the statistics.
-        return 0, 0.0
+        return 0, 0.0, 0.0
 
     async def analyze(self, connection: AsyncConnection, table: Table) -> None:
         return

@@ -370,7 +370,7 @@ async def _wait_for_counted_changes(store: SqlUpdateStore, at_least: int) -> Non
         await asyncio.sleep(0.2)
 
 
-async def test_refresh_statistics_gathers_them_when_never_gathered_or_stale_and_old_enough(
+async def test_refresh_statistics_gathers_them_when_never_gathered_grown_or_stale_and_old(
     postgres_storage: Storage,
 ) -> None:
     store = await open_store(postgres_storage.url())
@@ -380,7 +380,12 @@ async def test_refresh_statistics_gathers_them_when_never_gathered_or_stale_and_
         assert await store.refresh_statistics(min_changes=1, min_age_seconds=0) is False
         await _fill_as_the_intake_does(store, 1_200, first=1_000)
         await _wait_for_counted_changes(store, 1_200)
-        # Enough changes, but gathered moments ago: not again within min_age_seconds.
+        # Gathered moments ago, but the table has seen more writes than it had rows (100): a
+        # burst into a small table does not wait for the age.
+        assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=60) is True
+        await _fill_as_the_intake_does(store, 1_200, first=3_000)
+        await _wait_for_counted_changes(store, 1_200)
+        # 1,200 writes into a table of 1,300 rows: enough changes, not yet old enough.
         assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=60) is False
         assert await store.refresh_statistics(min_changes=5_000, min_age_seconds=0) is False
         assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=0) is True

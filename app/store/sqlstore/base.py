@@ -147,19 +147,24 @@ class BaseMethods(SqlCore):
     async def refresh_statistics(
         self, *, min_changes: int = 1000, min_age_seconds: float = 10.0
     ) -> bool:
-        """The planner's statistics, gathered again once `min_changes` rows were written since
-        the last time, at most once every `min_age_seconds` across the cluster (the age is
-        the database's). A table filled by the intake after a quiet period (or from empty) has
-        statistics that say it holds no open rows; the claim and settle statements then plan
-        for a handful and read thousands, until autovacuum's next analyze, up to a minute and
-        more away. Cheap when nothing is due: one read of the database's own counters."""
+        """The planner's statistics, gathered again once `min_changes` rows were written since the
+        last time, at most once every `min_age_seconds` across the cluster (the age is the
+        database's) unless the table has since seen more writes than it had rows. A table filled by
+        the intake after a quiet period (or from empty) has statistics that say it holds no open
+        rows; the claim and settle statements then plan for a handful and read thousands, until
+        autovacuum's next analyze, up to a minute and more away. Cheap when nothing is due: one read
+        of the database's own counters."""
         validate.positive("min_changes", min_changes)
         if not min_age_seconds >= 0:
             raise ValueError(f"min_age_seconds {min_age_seconds!r} is not a duration")
         async with self._read() as connection:
             age = await self._backend.statistics_age(connection, self.table)
-        if age is not None and (age[0] < min_changes or age[1] < min_age_seconds):
-            return False
+        if age is not None:
+            changes, seconds, rows = age
+            # A table that has seen more writes than it had rows (gathered while empty, say,
+            # as a worker starting before the first burst does) does not wait for the age.
+            if changes < min_changes or (seconds < min_age_seconds and changes <= rows):
+                return False
         async with self.transaction() as connection:
             if not await self._backend.exclusive(connection, self.table, "analyze"):
                 return False
