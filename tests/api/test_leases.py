@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -28,6 +28,23 @@ def _now() -> int:
     return time.time_ns() // 1_000_000
 
 
+async def _held_and_forged(
+    store: SqlUpdateStore, now: int, lease_ms: Callable[[int], int]
+) -> tuple[list[ClaimIdentity], list[ClaimIdentity]]:
+    """40 updates claimed at `now`, each leased `lease_ms(update_id)`; and every holder
+    followed by a forgery of it (its claim_id changed)."""
+    held: list[ClaimIdentity] = []
+    for update_id in range(1, 41):
+        await store.add("shop", update_id, "{}", now)
+        identity = await store.claim_owned(
+            "shop", update_id, now=now, lease_until=now + lease_ms(update_id), max_attempts=3
+        )
+        assert identity is not None
+        held.append(identity)
+    forged = [ClaimIdentity(i.bot, i.update_id, i.attempt, i.claim_id + "x") for i in held]
+    return held, [identity for pair in zip(held, forged, strict=True) for identity in pair]
+
+
 async def test_concurrent_checks_share_reads_and_each_gets_its_own_answer(
     storage: Storage,
 ) -> None:
@@ -39,16 +56,7 @@ async def test_concurrent_checks_share_reads_and_each_gets_its_own_answer(
     await checks.start()
     try:
         now = _now()
-        held: list[ClaimIdentity] = []
-        for update_id in range(1, 41):
-            await store.add("shop", update_id, "{}", now)
-            identity = await store.claim_owned(
-                "shop", update_id, now=now, lease_until=now + 60_000 + update_id, max_attempts=3
-            )
-            assert identity is not None
-            held.append(identity)
-        forged = [ClaimIdentity(i.bot, i.update_id, i.attempt, i.claim_id + "x") for i in held]
-        asked = [identity for pair in zip(held, forged, strict=True) for identity in pair]
+        held, asked = await _held_and_forged(store, now, lambda update_id: 60_000 + update_id)
         answers = await asyncio.gather(*(checks.lease(identity) for identity in asked))
     finally:
         await checks.stop()
@@ -80,18 +88,8 @@ async def test_concurrent_renewals_share_writes_extend_each_and_refuse_the_rest(
     await renewals.start()
     try:
         now = _now()
-        held: list[ClaimIdentity] = []
-        for update_id in range(1, 41):
-            await store.add("shop", update_id, "{}", now)
-            identity = await store.claim_owned(
-                "shop", update_id, now=now, lease_until=now + 1_000, max_attempts=3
-            )
-            assert identity is not None
-            held.append(identity)
-        forged = [ClaimIdentity(i.bot, i.update_id, i.attempt, i.claim_id + "x") for i in held]
-        asked = [
-            (identity, 600_000) for pair in zip(held, forged, strict=True) for identity in pair
-        ]
+        held, identities = await _held_and_forged(store, now, lambda _: 1_000)
+        asked = [(identity, 600_000) for identity in identities]
         answers = await asyncio.gather(*(renewals.renew(i, ms) for i, ms in asked))
         leases = await store.owned_leases(held, now)
     finally:

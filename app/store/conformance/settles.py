@@ -121,17 +121,27 @@ async def _holder_only_fenced(store: FencedUpdateStore, f: _Findings) -> None:
     f.equal(None if third is None else third.attempt, 3, "claim after the refused settle")
 
 
-@_rule("a batch of owns answers each identity as owns does", "fenced")
-async def _owned_leases(store: FencedUpdateStore, f: _Findings) -> None:
+async def _four_identities(
+    store: FencedUpdateStore, f: _Findings
+) -> tuple[ClaimIdentity, ClaimIdentity, ClaimIdentity, ClaimIdentity] | None:
+    """For the batch rules: update 1's holder (leased until 200) and its stale attempt (lapsed
+    at 100), update 2's holder (leased until 180), and a forgery of update 1's holder."""
     if (claims := await _two_claims(store, f)) is None:
-        return
-    stale, fresh = claims  # update 1: attempt 1 lapsed at 100, attempt 2 leased until 200
+        return None
+    stale, fresh = claims
     await _record(store, 2)
     other = await store.claim_owned(BOT, 2, now=150, lease_until=180, max_attempts=MAX)
     if other is None:
         f.expect(False, "claim_owned of update 2 gave None")
+        return None
+    return fresh, stale, other, _other(fresh, claim_id=fresh.claim_id + "-wrong")
+
+
+@_rule("a batch of owns answers each identity as owns does", "fenced")
+async def _owned_leases(store: FencedUpdateStore, f: _Findings) -> None:
+    if (leases := await _four_identities(store, f)) is None:
         return
-    forged = _other(fresh, claim_id=fresh.claim_id + "-wrong")
+    fresh, stale, other, forged = leases
     asked = [fresh, stale, other, forged, fresh]
     f.equal(
         await store.owned_leases(asked, 150),
@@ -145,15 +155,9 @@ async def _owned_leases(store: FencedUpdateStore, f: _Findings) -> None:
 
 @_rule("a batch of renewals extends each exact live lease, never shortening one", "fenced")
 async def _renewed_leases(store: FencedUpdateStore, f: _Findings) -> None:
-    if (claims := await _two_claims(store, f)) is None:
+    if (leases := await _four_identities(store, f)) is None:
         return
-    stale, fresh = claims  # update 1: attempt 1 lapsed at 100, attempt 2 leased until 200
-    await _record(store, 2)
-    other = await store.claim_owned(BOT, 2, now=150, lease_until=180, max_attempts=MAX)
-    if other is None:
-        f.expect(False, "claim_owned of update 2 gave None")
-        return
-    forged = _other(fresh, claim_id=fresh.claim_id + "-wrong")
+    fresh, stale, other, forged = leases
     renewals = [(fresh, 300), (stale, 900), (other, 170), (forged, 900), (fresh, 250)]
     f.equal(
         await store.renewed_leases(renewals, 150),
