@@ -111,12 +111,14 @@ def create_app(
         # built from the client's own Host header.
         redirect_slashes=False,
     )
-    install_guard(app, settings, metrics.request_refused, mounted=tuple(mounts or ()))
     app.state.settings = settings
     app.state.metrics = metrics
     app.include_router(intake_router)
     app.include_router(health.router)
     api.install(app)
+    install_guard(
+        app, settings, metrics.request_refused, mounted=tuple(mounts or ()), lean=api.lean()
+    )
     for path, mounted in (mounts or {}).items():
         app.mount(path, mounted)
 

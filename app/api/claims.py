@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Response
 
 from app.api.deps import REFUSALS, Callback, CallbackOrOperations, Grant, StrictJsonRoute
+from app.api.lean import LeanRoute
 from app.config import BotSettings
 from app.kit.wire import (
     Acknowledged,
@@ -21,15 +22,15 @@ from app.kit.wire import (
 from app.policy import Outcome, retry_delay_ms
 from app.store import Abandoned, ClaimIdentity, Completed, Failed
 
+RESPONSES: dict[int | str, dict[str, object]] = {
+    **REFUSALS,
+    404: {"model": Problem, "description": "the bot is not configured"},
+    409: {"model": Problem, "description": "a plain bot, or a table below revision 0002"},
+}
+# `owns` and `renew`, asked on every update: lean routes (`app.api.lean`).
+callbacks = APIRouter(route_class=LeanRoute, prefix="/v1", tags=["callback"], responses=RESPONSES)
 router = APIRouter(
-    route_class=StrictJsonRoute,
-    prefix="/v1",
-    tags=["callback"],
-    responses={
-        **REFUSALS,
-        404: {"model": Problem, "description": "the bot is not configured"},
-        409: {"model": Problem, "description": "a plain bot, or a table below revision 0002"},
-    },
+    route_class=StrictJsonRoute, prefix="/v1", tags=["callback"], responses=RESPONSES
 )
 
 
@@ -57,7 +58,7 @@ def _answer(flag: str, lease: int | None) -> Response:
     return Response(body, media_type="application/json")
 
 
-@router.post("/claims/owns", response_model=Owned)
+@callbacks.post("/claims/owns", response_model=Owned)
 async def owns(identity: Identity, grant: Callback) -> Response:
     """Whether this exact attempt holds a live lease now, and until when. Check it just before
     a domain write; where the downstream shares the database, check inside the write's own
@@ -67,7 +68,7 @@ async def owns(identity: Identity, grant: Callback) -> Response:
     return _answer("owned", lease)
 
 
-@router.post("/claims/renew", response_model=Renewed)
+@callbacks.post("/claims/renew", response_model=Renewed)
 async def renew(request: RenewRequest, grant: Callback) -> Response:
     """Extend a live lease to `lease_ms` from now (never shortened, never revived once
     lapsed). A 202-deferring downstream renews before `X-Intake-Lease-Expires-At`."""

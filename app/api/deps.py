@@ -95,17 +95,24 @@ def authenticated(request: Request, credentials: HTTPAuthorizationCredentials | 
     return key
 
 
-def granted(*scopes: Scope) -> Callable[[Request, Credentials], Awaitable[Grant]]:
-    """A dependency: the request's key, valid and holding one of `scopes`."""
+class Granted:
+    """A dependency: the request's key, valid and holding one of `scopes`, with the service.
+    `grant` is the same check for a caller that has the request but no dependency solving (a
+    lean route, `app.api.lean`)."""
 
-    # async: FastAPI would run a plain function in its thread pool, a thread hop per request.
-    async def check(request: Request, credentials: Credentials) -> Grant:
-        key = authenticated(request, credentials)
-        if not set(scopes) & set(key.scopes):
-            raise HTTPException(403, f"this API key lacks the {' or '.join(scopes)} scope")
+    def __init__(self, *scopes: Scope) -> None:
+        self.scopes = frozenset(scopes)
+        self._lacking = f"this API key lacks the {' or '.join(scopes)} scope"
+
+    def grant(self, request: Request) -> Grant:
+        key = authenticated(request, None)
+        if not self.scopes & set(key.scopes):
+            raise HTTPException(403, self._lacking)
         return Grant(key, request.app.state.services)
 
-    return check
+    # async: FastAPI would run a plain function in its thread pool, a thread hop per request.
+    async def __call__(self, request: Request, credentials: Credentials) -> Grant:
+        return self.grant(request)
 
 
 class _StrictJsonRequest(Request):
@@ -142,6 +149,6 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
     503: {"model": Problem, "description": "the database is unavailable; retry"},
 }
 
-Callback = Annotated[Grant, Depends(granted("callback"))]
-Operations = Annotated[Grant, Depends(granted("operations"))]
-CallbackOrOperations = Annotated[Grant, Depends(granted("callback", "operations"))]
+Callback = Annotated[Grant, Depends(Granted("callback"))]
+Operations = Annotated[Grant, Depends(Granted("operations"))]
+CallbackOrOperations = Annotated[Grant, Depends(Granted("callback", "operations"))]

@@ -10,6 +10,8 @@ only Starlette's own error and body-limit layers).
   in the scope, where `app.api.deps` takes it.
 - Behind a key: a `Content-Encoding` other than `identity` is 415 (nothing here decodes one),
   and a body over `api_max_body_bytes`, declared or as it streams in, is 413.
+- An admitted request for a lean route (`app.api.lean`: the callbacks asked on every update)
+  is answered by that route's handler here, without the layers and the router inside.
 
 The webhook route makes the same encoding and size checks itself, after its secret (a wrong
 secret is 403 before anything about the body). Each refusal is counted
@@ -19,11 +21,13 @@ secret is 403 before anything about the body). Each refusal is counted
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from fastapi.security.utils import get_authorization_scheme_param
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.config import ApiKey, Settings
@@ -44,6 +48,8 @@ _SINGLE = {
     b"x-telegram-bot-api-secret-token": "X-Telegram-Bot-Api-Secret-Token",
     b"content-encoding": "Content-Encoding",
 }
+# A route answered here: its handler, by (method, path).
+Lean = Mapping[tuple[str, str], Callable[[Request], Awaitable[Response]]]
 
 
 def unsupported_encoding(value: str | bytes | None) -> bool:
@@ -65,8 +71,10 @@ class RequestGuard:
         max_body_bytes: int,
         refused: Callable[[Refusal], None] | None = None,
         mounted: tuple[str, ...] = (),
+        lean: Lean | None = None,
     ) -> None:
         self.app = app
+        self._lean = lean or {}
         if any(not path.strip("/") for path in mounted):
             raise ValueError("an app mounted at / would leave every path without a key")
         # Apps mounted beside ours (the demo downstream) check their own callers.
@@ -114,7 +122,13 @@ class RequestGuard:
             await self._refuse(send, "too_large", 413, f"body over {limit} bytes")
             return
         scope[API_KEY_SCOPE] = key
-        await self.app(scope, self._capped(receive), send)
+        receive = self._capped(receive)
+        lean = self._lean.get((scope["method"], path))
+        if lean is None:
+            await self.app(scope, receive, send)
+            return
+        response = await lean(Request(scope, receive))
+        await response(scope, receive, send)
 
     def _key(self, authorization: bytes | None) -> ApiKey | None:
         if authorization is None:
@@ -170,10 +184,11 @@ def install_guard(
     settings: Settings,
     refused: Callable[[Refusal], None],
     mounted: tuple[str, ...] = (),
+    lean: Lean | None = None,
 ) -> None:
     """Put the request guard in front of `app`, with the keys and limits of `settings`, each
     refusal told to `refused` (the metrics' counter); the apps `mounted` at those paths are
-    left to check their own callers."""
+    left to check their own callers; the `lean` routes are answered by the guard itself."""
     app.add_middleware(
         RequestGuard,
         keys=Keys(settings.api_keys),
@@ -181,4 +196,5 @@ def install_guard(
         max_body_bytes=settings.api_max_body_bytes,
         refused=refused,
         mounted=mounted,
+        lean=lean,
     )

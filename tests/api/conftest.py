@@ -8,14 +8,14 @@ database clock, which on this one machine is the same clock.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from pydantic import SecretStr
 
 from app.config import ApiKey, BotSettings, Settings
@@ -155,12 +155,17 @@ def bearer(key: str | None) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def serving(url: str, **overrides: Any) -> AsyncIterator[Api]:
-    """The app over `url` (bots `BOTS`, keys `API_KEYS` unless overridden), served by uvicorn."""
+async def serving(
+    url: str, routers: Sequence[APIRouter] = (), **overrides: Any
+) -> AsyncIterator[Api]:
+    """The app over `url` (bots `BOTS`, keys `API_KEYS` unless overridden), with `routers`
+    added, served by uvicorn."""
     options: dict[str, Any] = {"bots": BOTS, "api_keys": API_KEYS, **overrides}
     settings = Settings(database_url=url, **options)
     store = await open_store(url)
     app = create_app(settings)
+    for router in routers:
+        app.include_router(router)
     try:
         async with (
             serve_asgi(app) as base,
