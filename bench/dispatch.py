@@ -32,34 +32,12 @@ from app.store import NewUpdate, open_store
 from app.store.migrate import upgrade
 from bench import client
 from bench.child import free_port, process
+from bench.downstream import command as downstream_command
 from bench.store import POSTGRES_URL
 
 BOT = "bench"
 SECRET = "bench-secret_token"  # noqa: S105 - a fixed test secret
 CHATS = 500
-DOWNSTREAM = """
-import sys, time
-from aiohttp import web
-seen = {}
-async def hook(request):
-    await request.read()
-    key = request.headers.get("x-intake-update-id") or request.headers.get("x-update-id")
-    seen[key] = time.time()
-    return web.Response(text="{}")
-async def count(request):
-    return web.json_response({"count": len(seen)})
-async def times(request):
-    return web.json_response(seen)
-async def reset(request):
-    seen.clear()
-    return web.json_response({})
-app = web.Application()
-app.router.add_post("/hook", hook)
-app.router.add_get("/count", count)
-app.router.add_get("/times", times)
-app.router.add_post("/reset", reset)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
-"""
 PGQUEUER_WORKER = """
 import asyncio, sys
 import aiohttp, asyncpg, uvloop
@@ -318,10 +296,9 @@ async def main(*, quick: bool = False) -> str:
     count = 2_000 if quick else 20_000
     port = free_port()
     downstream = f"http://127.0.0.1:{port}"
-    server = process(sys.executable, "-c", DOWNSTREAM, str(port), ready="", label="downstream")
+    server = process(*downstream_command(port), ready="ready", label="downstream")
     lines: list[str] = []
     async with server:
-        await asyncio.sleep(1.0)
         print("bench dispatch: PgQueuer", file=sys.stderr)
         peer = await drain_pgqueuer(downstream, count)
         ours: dict[tuple[int, bool], float] = {}

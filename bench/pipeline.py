@@ -27,48 +27,10 @@ import aiohttp
 from app.store.migrate import upgrade
 from bench.child import Child, free_port, process
 from bench.dispatch import CHATS, SECRET, body, drain_ours, fresh_schema, worker_env
+from bench.downstream import command as downstream_command
 
 KEY = "bench-pipeline-key.0123456789"
 CONCURRENCY = 64
-DOWNSTREAM = """
-import asyncio, sys, time
-from aiohttp import ClientSession, TCPConnector, web
-mode, intake, key = sys.argv[2], sys.argv[3], sys.argv[4]
-seen = {}
-session = None
-async def hook(request):
-    global session
-    await request.read()
-    headers = request.headers
-    update_id = headers["x-intake-update-id"]
-    if mode == "owns":
-        if session is None:
-            session = ClientSession(connector=TCPConnector(limit=64))
-        identity = {
-            "bot": headers["x-intake-bot"],
-            "update_id": int(update_id),
-            "attempt": int(headers["x-intake-attempt"]),
-            "claim_id": headers["x-intake-claim-id"],
-        }
-        async with session.post(
-            f"{intake}/v1/claims/owns", json=identity, headers={"authorization": f"Bearer {key}"}
-        ) as answer:
-            owned = (await answer.json())["owned"]
-        if not owned:
-            return web.Response(status=409, text="{}")
-    seen.setdefault(update_id, time.time())
-    return web.Response(text="{}")
-async def count(request):
-    return web.json_response({"count": len(seen)})
-async def times(request):
-    return web.json_response(seen)
-app = web.Application()
-app.router.add_post("/hook", hook)
-app.router.add_get("/count", count)
-app.router.add_get("/times", times)
-print("ready", flush=True)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
-"""
 
 
 class Case:
@@ -89,7 +51,9 @@ async def run_case(case: Case, count: int) -> None:
         downstream = f"http://127.0.0.1:{hook_port}"
         env = worker_env(url, downstream, INTAKE_PORT=str(port), INTAKE_API_KEYS=KEY)
         children: dict[str, Child] = {}
-        command = (sys.executable, "-c", DOWNSTREAM, str(hook_port), case.downstream, intake, KEY)
+        command = downstream_command(
+            hook_port, owns=(intake, KEY) if case.downstream == "owns" else None
+        )
         children["downstream"] = await stack.enter_async_context(process(*command, ready="ready"))
         serve = (sys.executable, "-m", "app.cli", "serve")
         children["serve"] = await stack.enter_async_context(
@@ -155,8 +119,7 @@ async def main(*, quick: bool = False) -> str:
         await run_case(case, count)
     print("bench pipeline: bench dispatch's drain", file=sys.stderr)
     hook_port = free_port()
-    plain = (sys.executable, "-c", DOWNSTREAM, str(hook_port), "plain", "http://127.0.0.1:9", KEY)
-    async with process(*plain, ready="ready"):
+    async with process(*downstream_command(hook_port), ready="ready"):
         drain = await drain_ours(f"http://127.0.0.1:{hook_port}", 1, count, analyzed=False)
     plain_rate = {c.workers: c.rate for c in cases if c.downstream == "plain"}
     rows = []

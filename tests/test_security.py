@@ -32,6 +32,8 @@ REVIEWED = {
     ("alembic/versions/0003_budget_and_delivery.py", "upgrade"): "the same validated table name",
     ("app/store/postgres.py", "analyze"): "the store's table name, validated when the store "
     "was opened (validate.table_name) and quoted by the dialect's identifier preparer",
+    ("app/store/postgres.py", "vacuum"): "the store's table name, validated when the store "
+    "was opened (validate.table_name) and quoted by the dialect's identifier preparer",
 }
 
 

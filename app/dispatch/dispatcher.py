@@ -32,7 +32,7 @@ from app.dispatch.claims import ClaimLoop
 from app.dispatch.clock import Alarm, DatabaseClock
 from app.dispatch.leases import LeaseKeeper
 from app.dispatch.liveness import Liveness
-from app.dispatch.maintenance import ExhaustionDelivery, keep_statistics_forever, prune_forever
+from app.dispatch.maintenance import ExhaustionDelivery, keep_table_forever, prune_forever
 from app.dispatch.runner import AttemptRunner
 from app.dispatch.settler import Settler
 from app.metrics import Metrics
@@ -166,7 +166,7 @@ class Dispatcher:
                 retention_ms=int(settings.retention_seconds * 1000),
                 interval=settings.prune_interval_seconds,
             ),
-            "statistics": keep_statistics_forever(self._store),
+            "upkeep": keep_table_forever(self._store),
         }
         if self._exhaustions is not None:
             background["exhaustion delivery"] = self._exhaustions.run()

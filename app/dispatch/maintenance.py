@@ -1,5 +1,5 @@
 """Background upkeep beside the dispatcher: delivering exhaustions, pruning settled rows,
-keeping the planner's statistics of the table fresh.
+keeping the planner's statistics of the table fresh and its dead rows' space reusable.
 
 Exhaustions (durable bots) are delivered to the bot's `exhaustion_url` and acknowledged on a
 2xx. Each delivery first takes its exhaustion under a lease in the database
@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable
 
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
@@ -141,25 +142,47 @@ async def prune_forever(
 
 # How soon a burst of new rows (after a quiet period, or into an empty table) gets statistics
 # that know of it, and how many written rows make a burst; across the cluster the statistics
-# are gathered at most once every STATISTICS_MIN_AGE_SECONDS (the store's rule).
-STATISTICS_CHECK_SECONDS = 1.0
+# are gathered at most once every UPKEEP_MIN_AGE_SECONDS (the store's rule). The table's dead
+# rows are vacuumed by the same rule of age, once RECLAIM_MIN_DEAD_ROWS plus RECLAIM_SCALE of
+# the live rows are dead.
+UPKEEP_CHECK_SECONDS = 1.0
+UPKEEP_MIN_AGE_SECONDS = 10.0
 STATISTICS_MIN_CHANGES = 1000
-STATISTICS_MIN_AGE_SECONDS = 10.0
+RECLAIM_MIN_DEAD_ROWS = 1000
+RECLAIM_SCALE = 0.05
 
 
-async def keep_statistics_forever(store: UpdateStore) -> None:
-    """Gather the table's planner statistics again whenever enough rows were written since
-    the last time: the claim and settle plans then hold without waiting for autovacuum."""
+async def keep_table_forever(store: UpdateStore) -> None:
+    """The table's upkeep, from the workers: its planner statistics gathered again whenever
+    enough rows were written since the last time (the claim and settle plans then hold without
+    waiting for autovacuum's analyze), and the space of its dead rows made reusable whenever
+    enough are dead (the table and its indexes then stay the size of what they retain, with
+    autovacuum off or behind). Each check is one read of the database's counters."""
     while True:
-        try:
-            refreshed = await store.refresh_statistics(
-                min_changes=STATISTICS_MIN_CHANGES, min_age_seconds=STATISTICS_MIN_AGE_SECONDS
-            )
-        except StoreError as error:
-            log.warning("planner statistics: %s", error)
-        except Exception:  # a bug must not end this upkeep for the life of the process
-            log.exception("planner statistics failed")
-        else:
-            if refreshed:
-                log.info("gathered the planner's statistics of the table")
-        await asyncio.sleep(STATISTICS_CHECK_SECONDS)
+        await _upkeep(
+            "planner statistics",
+            "gathered the planner's statistics of the table",
+            store.refresh_statistics(
+                min_changes=STATISTICS_MIN_CHANGES, min_age_seconds=UPKEEP_MIN_AGE_SECONDS
+            ),
+        )
+        await _upkeep(
+            "reclaiming space",
+            "vacuumed the table: its dead rows' space is reusable",
+            store.reclaim_space(
+                min_dead_rows=RECLAIM_MIN_DEAD_ROWS,
+                scale=RECLAIM_SCALE,
+                min_age_seconds=UPKEEP_MIN_AGE_SECONDS,
+            ),
+        )
+        await asyncio.sleep(UPKEEP_CHECK_SECONDS)
+
+
+async def _upkeep(what: str, done: str, job: Awaitable[bool]) -> None:
+    try:
+        if await job:
+            log.info(done)
+    except StoreError as error:
+        log.warning("%s: %s", what, error)
+    except Exception:  # a bug must not end this upkeep for the life of the process
+        log.exception("%s failed", what)

@@ -141,6 +141,18 @@ class Backend(ABC):
         """Gather the planner's statistics of `table` (sampled, bounded in time)."""
 
     @abstractmethod
+    async def dead_rows(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, int, float | None]:
+        """Dead rows in `table` as the database counts them, live rows, and the seconds since it
+        was last vacuumed (None: never)."""
+
+    @abstractmethod
+    async def vacuum(self, connection: AsyncConnection, table: Table) -> None:
+        """Make the dead rows' space reusable, on a connection outside any transaction; at once
+        when another vacuum holds the table."""
+
+    @abstractmethod
     async def database_time(self) -> int:
         """The database's clock, epoch ms."""
 

@@ -157,6 +157,16 @@ class UpdateStore(Protocol):
         False. Upkeep, not a transition: no row changes."""
         ...
 
+    async def reclaim_space(
+        self, *, min_dead_rows: int = 1000, scale: float = 0.05, min_age_seconds: float = 10.0
+    ) -> bool:
+        """Make the space of deleted and superseded rows reusable (PostgreSQL's `VACUUM`) when at
+        least `min_dead_rows` plus `scale` times the live rows are dead and the table was last
+        vacuumed, by anyone (autovacuum too), `min_age_seconds` ago or never; whether this call
+        vacuumed. A vacuum already at work on the table makes a call return at once. Upkeep, not
+        a transition: no row changes."""
+        ...
+
 
 @runtime_checkable
 class FencedUpdateStore(UpdateStore, Protocol):

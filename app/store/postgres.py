@@ -74,6 +74,10 @@ STAT_USER_TABLES = catalog_view(
     column("n_mod_since_analyze", BigInteger),
     column("last_analyze"),
     column("last_autoanalyze"),
+    column("n_dead_tup", BigInteger),
+    column("n_live_tup", BigInteger),
+    column("last_vacuum"),
+    column("last_autovacuum"),
 )
 
 # The planner's size of each relation, as the last ANALYZE or VACUUM left it.
@@ -555,6 +559,29 @@ class PostgresBackend(Backend):
         # Sampled (300 rows per statistics target unit): its time is bounded whatever the size.
         name = connection.dialect.identifier_preparer.quote(table.name)
         await connection.exec_driver_sql(f"ANALYZE {name}")
+
+    async def dead_rows(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, int, float | None]:
+        stats = STAT_USER_TABLES.c
+        last = func.greatest(stats.last_vacuum, stats.last_autovacuum)  # NULLs ignored
+        counters = select(
+            stats.n_dead_tup,
+            stats.n_live_tup,
+            func.extract("epoch", func.clock_timestamp() - last).label("age"),
+        ).where(stats.relid == cast(func.to_regclass(table.name), OID))
+        row = (await connection.execute(counters)).first()
+        if row is None:
+            return 0, 0, None
+        age = None if row.age is None else float(row.age)
+        return int(row.n_dead_tup), int(row.n_live_tup), age
+
+    async def vacuum(self, connection: AsyncConnection, table: Table) -> None:
+        # The engine autocommits: VACUUM runs outside a transaction, as it must. SKIP_LOCKED:
+        # a vacuum of the table already at work (another worker's, autovacuum's) holds its
+        # lock, and this one returns at once instead of queueing behind it.
+        name = connection.dialect.identifier_preparer.quote(table.name)
+        await connection.exec_driver_sql(f"VACUUM (SKIP_LOCKED) {name}")
 
     async def database_time(self) -> int:
         async with self.read() as connection:

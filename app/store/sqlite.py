@@ -271,6 +271,16 @@ class SqliteBackend(Backend):
     async def analyze(self, connection: AsyncConnection, table: Table) -> None:
         return
 
+    async def dead_rows(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, int, float | None]:
+        # None to reclaim: a deleted row's pages go to the file's free list, and the next
+        # inserts take them (VACUUM would rewrite the whole file under the one write lock).
+        return 0, 0, None
+
+    async def vacuum(self, connection: AsyncConnection, table: Table) -> None:
+        return
+
     async def database_time(self) -> int:
         return time.time_ns() // 1_000_000
 

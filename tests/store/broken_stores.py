@@ -276,6 +276,9 @@ CONTROLS[ClaimNextWalksOnlyTheWindow] = (
 )
 
 
+UPKEEP = "upkeep (statistics, reclaiming space) leaves every row as it was"
+
+
 class RefreshStatisticsPrunes(SqlUpdateStore):
     """Upkeep that does more than it says: gathering statistics also deletes settled rows."""
 
@@ -288,7 +291,22 @@ class RefreshStatisticsPrunes(SqlUpdateStore):
         )
 
 
-CONTROLS[RefreshStatisticsPrunes] = "refreshing the planner's statistics leaves every row as it was"
+CONTROLS[RefreshStatisticsPrunes] = UPKEEP
+
+
+class ReclaimSpacePrunes(SqlUpdateStore):
+    """A vacuum that does more than it says: reclaiming space also deletes settled rows."""
+
+    async def reclaim_space(
+        self, *, min_dead_rows: int = 1000, scale: float = 0.05, min_age_seconds: float = 10.0
+    ) -> bool:
+        await self.prune(2**62)
+        return await super().reclaim_space(
+            min_dead_rows=min_dead_rows, scale=scale, min_age_seconds=min_age_seconds
+        )
+
+
+CONTROLS[ReclaimSpacePrunes] = UPKEEP
 
 
 class OwnedLeasesIgnoresClaimId(SqlUpdateStore):

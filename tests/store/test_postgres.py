@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -355,19 +356,60 @@ async def _claim_plan(store: SqlUpdateStore) -> list[str]:
 
 async def _wait_for_counted_changes(store: SqlUpdateStore, at_least: int) -> None:
     """The database's counters lag its writers by up to a second or so; wait for them."""
+    await _wait_for_counter(store, "n_mod_since_analyze", lambda n: n >= at_least)
+
+
+async def _wait_for_counter(
+    store: SqlUpdateStore, counter: str, holds: Callable[[int], bool]
+) -> None:
     deadline = time.monotonic() + 30
     while True:
         async with store.engine.connect() as connection:
             row = (
                 await connection.exec_driver_sql(
-                    "SELECT n_mod_since_analyze FROM pg_stat_user_tables "
+                    f"SELECT {counter} FROM pg_stat_user_tables "
                     "WHERE relid = to_regclass('telegram_updates')"
                 )
             ).first()
-        if row is not None and row[0] >= at_least:
+        if row is not None and holds(row[0]):
             return
-        assert time.monotonic() < deadline, f"the counters show {row} changes"
+        assert time.monotonic() < deadline, f"the counters show {counter} {row}"
         await asyncio.sleep(0.2)
+
+
+async def _table_bytes(store: SqlUpdateStore) -> int:
+    async with store.engine.connect() as connection:
+        statement = "SELECT pg_table_size(to_regclass('telegram_updates'))"
+        return int((await connection.exec_driver_sql(statement)).scalar_one())
+
+
+async def test_reclaim_space_vacuums_once_enough_rows_are_dead_and_their_space_is_reused(
+    postgres_storage: Storage,
+) -> None:
+    store = await open_store(postgres_storage.url())
+    try:
+        await _fill_as_the_intake_does(store, 2_000)
+        assert await store.reclaim_space() is False  # nothing dead
+        full = await _table_bytes(store)
+        async with store.transaction() as connection:  # as prune deletes
+            await connection.exec_driver_sql("DELETE FROM telegram_updates")
+        await _wait_for_counter(store, "n_dead_tup", lambda n: n >= 2_000)
+        assert await store.reclaim_space(min_dead_rows=5_000) is False  # not enough dead
+        assert await store.reclaim_space() is True  # never vacuumed, 2,000 dead
+        await _wait_for_counter(store, "n_dead_tup", lambda n: n == 0)
+        # The same rows again fit in the space the deleted ones left.
+        await _fill_as_the_intake_does(store, 2_000, first=10_000)
+        assert await _table_bytes(store) == full
+        async with store.transaction() as connection:
+            await connection.exec_driver_sql("DELETE FROM telegram_updates")
+        await _wait_for_counter(store, "n_dead_tup", lambda n: n >= 2_000)
+        # Vacuumed moments ago: not again before the age, then again.
+        assert await store.reclaim_space(min_age_seconds=60) is False
+        assert await store.reclaim_space(min_age_seconds=0) is True
+        with pytest.raises(ValueError, match="min_dead_rows"):
+            await store.reclaim_space(min_dead_rows=0)
+    finally:
+        await store.close()
 
 
 async def test_refresh_statistics_gathers_them_when_never_gathered_grown_or_stale_and_old(

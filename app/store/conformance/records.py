@@ -1,5 +1,5 @@
 """Rules for how rows are recorded, listed and forgotten: add, add_many, due, prune, and the
-upkeep beside them (refresh_statistics)."""
+upkeep beside them (refresh_statistics, reclaim_space)."""
 
 from __future__ import annotations
 
@@ -98,15 +98,17 @@ async def _prune(store: UpdateStore, f: _Findings) -> None:
     )
 
 
-@_rule("refreshing the planner's statistics leaves every row as it was", "base")
-async def _refresh_statistics(store: UpdateStore, f: _Findings) -> None:
+@_rule("upkeep (statistics, reclaiming space) leaves every row as it was", "base")
+async def _upkeep(store: UpdateStore, f: _Findings) -> None:
     await _record(store, 1, 2, 3)
     await store.claim(BOT, 1, now=10, lease_until=100, max_attempts=MAX)
     await store.settle(BOT, 1, 1, Completed(20))
     await store.claim(BOT, 2, now=10, lease_until=100, max_attempts=MAX)
     before = [await store.get_update(BOT, update_id) for update_id in (1, 2, 3)]
-    for _ in range(2):  # the first may gather them; the second finds them fresh
+    for _ in range(2):  # the first may do it; the second finds it done
         refreshed = await store.refresh_statistics(min_changes=1, min_age_seconds=0)
         f.expect(isinstance(refreshed, bool), f"refresh_statistics answered {refreshed!r}")
+        reclaimed = await store.reclaim_space(min_dead_rows=1, scale=0, min_age_seconds=0)
+        f.expect(isinstance(reclaimed, bool), f"reclaim_space answered {reclaimed!r}")
     after = [await store.get_update(BOT, update_id) for update_id in (1, 2, 3)]
-    f.equal(after, before, "the rows after refreshing the statistics")
+    f.equal(after, before, "the rows after the upkeep")

@@ -171,6 +171,27 @@ class BaseMethods(SqlCore):
             await self._backend.analyze(connection, self.table)
         return True
 
+    async def reclaim_space(
+        self, *, min_dead_rows: int = 1000, scale: float = 0.05, min_age_seconds: float = 10.0
+    ) -> bool:
+        """The dead rows' space made reusable once enough are dead (autovacuum's own rule:
+        `min_dead_rows` plus `scale` times the live rows), at most once every
+        `min_age_seconds` across the cluster. The intake inserts, every attempt updates its
+        row and prune deletes: without a vacuum the table and its indexes grow by every row
+        that ever passed through, whatever the retention. Autovacuum does this where it is on
+        and keeps up (its next look can be a minute away, and a server may have it off); this
+        does it from the workers, cheap when nothing is due (one read of the counters)."""
+        validate.positive("min_dead_rows", min_dead_rows)
+        if not (scale >= 0 and min_age_seconds >= 0):
+            raise ValueError(f"scale {scale!r} and min_age_seconds {min_age_seconds!r}")
+        async with self._read() as connection:
+            dead, live, age = await self._backend.dead_rows(connection, self.table)
+        if dead < min_dead_rows + scale * live or (age is not None and age < min_age_seconds):
+            return False
+        async with self._read() as connection:
+            await self._backend.vacuum(connection, self.table)
+        return True
+
     # -- operators' views (beyond SPEC section 4; base level) --------------------------------
 
     async def get_update(self, bot: str, update_id: int) -> StoredUpdate | None:
