@@ -22,7 +22,9 @@ import time
 from aiohttp import ClientSession, TCPConnector, web
 from multidict import CIMultiDictProxy
 
-from app.kit.forwarded import RECEIVED_AT_HEADER
+# The kit's RECEIVED_AT_HEADER (app.kit.forwarded), not imported: the kit brings pydantic and
+# httpx, and this process stands for a downstream of its own, as light as one can be.
+RECEIVED_AT_HEADER = "x-intake-received-at"
 
 
 class Downstream:

@@ -383,6 +383,13 @@ async def _table_bytes(store: SqlUpdateStore) -> int:
         return int((await connection.exec_driver_sql(statement)).scalar_one())
 
 
+async def _delete_all(store: SqlUpdateStore, rows: int) -> None:
+    """Delete every row, as prune deletes, and wait until the counters show them dead."""
+    async with store.transaction() as connection:
+        await connection.exec_driver_sql("DELETE FROM telegram_updates")
+    await _wait_for_counter(store, "n_dead_tup", lambda n: n >= rows)
+
+
 async def test_reclaim_space_vacuums_once_enough_rows_are_dead_and_their_space_is_reused(
     postgres_storage: Storage,
 ) -> None:
@@ -391,18 +398,14 @@ async def test_reclaim_space_vacuums_once_enough_rows_are_dead_and_their_space_i
         await _fill_as_the_intake_does(store, 2_000)
         assert await store.reclaim_space() is False  # nothing dead
         full = await _table_bytes(store)
-        async with store.transaction() as connection:  # as prune deletes
-            await connection.exec_driver_sql("DELETE FROM telegram_updates")
-        await _wait_for_counter(store, "n_dead_tup", lambda n: n >= 2_000)
+        await _delete_all(store, 2_000)
         assert await store.reclaim_space(min_dead_rows=5_000) is False  # not enough dead
         assert await store.reclaim_space() is True  # never vacuumed, 2,000 dead
         await _wait_for_counter(store, "n_dead_tup", lambda n: n == 0)
         # The same rows again fit in the space the deleted ones left.
         await _fill_as_the_intake_does(store, 2_000, first=10_000)
         assert await _table_bytes(store) == full
-        async with store.transaction() as connection:
-            await connection.exec_driver_sql("DELETE FROM telegram_updates")
-        await _wait_for_counter(store, "n_dead_tup", lambda n: n >= 2_000)
+        await _delete_all(store, 2_000)
         # Vacuumed moments ago: not again before the age, then again.
         assert await store.reclaim_space(min_age_seconds=60) is False
         assert await store.reclaim_space(min_age_seconds=0) is True
