@@ -22,7 +22,7 @@ import psycopg
 from app.store import open_store
 from app.store.migrate import upgrade
 from bench.child import ROOT, free_port, process
-from bench.dispatch import fresh_schema, worker_env
+from bench.fixtures import fresh_schema, worker_env
 from bench.intake import Load, generate
 from bench.store import POSTGRES_URL
 

@@ -16,12 +16,9 @@ All on PostgreSQL, against one trivial downstream (an aiohttp process answering 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -33,11 +30,9 @@ from app.store.migrate import upgrade
 from bench import client
 from bench.child import free_port, process
 from bench.downstream import command as downstream_command
+from bench.fixtures import CHATS, SECRET, body, fresh_schema, worker_env
 from bench.store import POSTGRES_URL
 
-BOT = "bench"
-SECRET = "bench-secret_token"  # noqa: S105 - a fixed test secret
-CHATS = 500
 PGQUEUER_WORKER = """
 import asyncio, sys
 import aiohttp, asyncpg, uvloop
@@ -60,47 +55,6 @@ async def main(dsn, schema, url):
 
 uvloop.run(main(*sys.argv[1:]))  # as PgQueuer's own CLI runs it
 """
-
-
-def body(update_id: int) -> str:
-    chat = 1_000_000 + update_id % CHATS
-    return json.dumps(
-        {
-            "update_id": update_id,
-            "message": {
-                "message_id": update_id,
-                "date": 1_700_000_000,
-                "chat": {"id": chat, "type": "private"},
-                "from": {"id": chat, "is_bot": False, "first_name": "Bench"},
-                "text": f"update {update_id}",
-            },
-        }
-    )
-
-
-@asynccontextmanager
-async def fresh_schema() -> AsyncIterator[tuple[str, str]]:
-    """A new PostgreSQL schema: (SQLAlchemy URL with search_path, schema name)."""
-    name = f"bench_{uuid.uuid4().hex[:12]}"
-    admin = psycopg.connect(POSTGRES_URL, autocommit=True)
-    admin.execute(f"CREATE SCHEMA {name}")
-    url = POSTGRES_URL.replace("postgresql://", "postgresql+psycopg://")
-    try:
-        yield f"{url}?options=-csearch_path%3D{name}", name
-    finally:
-        admin.execute(f"DROP SCHEMA {name} CASCADE")
-        admin.close()
-
-
-def worker_env(database_url: str, downstream: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INTAKE_")}
-    env.update(
-        INTAKE_DATABASE_URL=database_url,
-        INTAKE_SECRET_TOKEN=SECRET,
-        INTAKE_DOWNSTREAM_URL=f"{downstream}/hook",
-        **extra,
-    )
-    return env
 
 
 async def fetch(session: aiohttp.ClientSession, url: str) -> object:

@@ -26,8 +26,9 @@ import aiohttp
 
 from app.store.migrate import upgrade
 from bench.child import Child, free_port, process
-from bench.dispatch import CHATS, SECRET, body, drain_ours, fresh_schema, worker_env
+from bench.dispatch import drain_ours
 from bench.downstream import command as downstream_command
+from bench.fixtures import CHATS, SECRET, body, fresh_schema, worker_env
 
 KEY = "bench-pipeline-key.0123456789"
 CONCURRENCY = 64

@@ -37,8 +37,8 @@ import psycopg
 from app.store.migrate import upgrade
 from app.store.schema import DEFAULT_TABLE
 from bench.child import ROOT, Child, free_port, process
-from bench.dispatch import SECRET, body, fresh_schema, worker_env
 from bench.downstream import command as downstream_command
+from bench.fixtures import SECRET, body, fresh_schema, worker_env
 
 KEY = "bench-soak-key.0123456789"
 CONNECTIONS = 64
