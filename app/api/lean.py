@@ -71,6 +71,8 @@ async def _body(request: Request) -> Any:
         return read_json(raw)[1]
     except NotJson as error:
         raise HTTPException(400, str(error)) from None
+    except Exception:  # as FastAPI answers any other failure to read a JSON body
+        raise HTTPException(400, "There was an error parsing the body") from None
 
 
 class LeanRoute(APIRoute):

@@ -150,6 +150,8 @@ UPKEEP_MIN_AGE_SECONDS = 10.0
 STATISTICS_MIN_CHANGES = 1000
 RECLAIM_MIN_DEAD_ROWS = 1000
 RECLAIM_SCALE = 0.05
+RECLAIM_BACKOFF_SECONDS = 60.0
+RECLAIM_BACKOFF_MAX_SECONDS = 3600.0
 
 
 async def keep_table_forever(store: UpdateStore) -> None:
@@ -157,7 +159,10 @@ async def keep_table_forever(store: UpdateStore) -> None:
     enough rows were written since the last time (the claim and settle plans then hold without
     waiting for autovacuum's analyze), and the space of its dead rows made reusable whenever
     enough are dead (the table and its indexes then stay the size of what they retain, with
-    autovacuum off or behind). Each check is one read of the database's counters."""
+    autovacuum off or behind). Each check is one read of the database's counters. A vacuum
+    that failed (cancelled by `statement_timeout_ms` on a table too bloated to finish in it)
+    is not tried again for RECLAIM_BACKOFF_SECONDS, doubling up to RECLAIM_BACKOFF_MAX_SECONDS."""
+    failures, reclaim_after = 0, 0.0
     while True:
         await _upkeep(
             "planner statistics",
@@ -166,23 +171,33 @@ async def keep_table_forever(store: UpdateStore) -> None:
                 min_changes=STATISTICS_MIN_CHANGES, min_age_seconds=UPKEEP_MIN_AGE_SECONDS
             ),
         )
-        await _upkeep(
-            "reclaiming space",
-            "vacuumed the table: its dead rows' space is reusable",
-            store.reclaim_space(
-                min_dead_rows=RECLAIM_MIN_DEAD_ROWS,
-                scale=RECLAIM_SCALE,
-                min_age_seconds=UPKEEP_MIN_AGE_SECONDS,
-            ),
-        )
+        if time.monotonic() >= reclaim_after:
+            done = await _upkeep(
+                "reclaiming space (VACUUM; raise statement_timeout_ms, or vacuum it yourself)",
+                "vacuumed the table: its dead rows' space is reusable",
+                store.reclaim_space(
+                    min_dead_rows=RECLAIM_MIN_DEAD_ROWS,
+                    scale=RECLAIM_SCALE,
+                    min_age_seconds=UPKEEP_MIN_AGE_SECONDS,
+                ),
+            )
+            failures = 0 if done is not None else failures + 1
+            if failures:
+                backoff = RECLAIM_BACKOFF_SECONDS * 2 ** (failures - 1)
+                reclaim_after = time.monotonic() + min(backoff, RECLAIM_BACKOFF_MAX_SECONDS)
         await asyncio.sleep(UPKEEP_CHECK_SECONDS)
 
 
-async def _upkeep(what: str, done: str, job: Awaitable[bool]) -> None:
+async def _upkeep(what: str, done: str, job: Awaitable[bool]) -> bool | None:
+    """Run one upkeep job: whether it did its work, None when it failed (logged)."""
     try:
-        if await job:
-            log.info(done)
+        did = await job
     except StoreError as error:
         log.warning("%s: %s", what, error)
+        return None
     except Exception:  # a bug must not end this upkeep for the life of the process
         log.exception("%s failed", what)
+        return None
+    if did:
+        log.info(done)
+    return did

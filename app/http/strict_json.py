@@ -8,7 +8,8 @@ parsers a downstream may use stop agreeing on what a text means:
 - no number beyond a double's range, written as a fraction (`1e999999999`) or as an integer
   of more than 309 digits; no NaN or Infinity. (A number too small for a double, `1e-400`,
   reads as 0.0, as every parser of doubles reads it.)
-- nesting no deeper than the parser's recursion limit.
+- nesting no deeper than MAX_DEPTH (512) arrays and objects: a fixed limit, well inside the
+  parser's recursion limit from any caller, so every route answers the same body alike.
 
 `\\u0000` is valid JSON and I-JSON allows it, so it is read and kept: the body is stored as
 text, verbatim, where it stays the six characters of its escape. PostgreSQL's `jsonb` refuses
@@ -21,9 +22,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from itertools import accumulate
 from typing import Any
 
-__all__ = ["NotJson", "read_json"]
+__all__ = ["MAX_DEPTH", "NotJson", "read_json"]
 
 
 class NotJson(ValueError):
@@ -74,6 +76,20 @@ _STRICT_INTEGERS = json.JSONDecoder(
 # A surrogate escape, paired or not (or text after an escaped backslash that looks like one):
 # only a body with one pays for the exact check below.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+MAX_DEPTH = 512  # arrays and objects open at once; Telegram's updates nest a few levels
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _too_deep(text: str) -> bool:
+    """Whether more than MAX_DEPTH arrays and objects are open at once somewhere in `text`.
+    Only a text with more brackets than that can be, so only such a text is scanned (outside
+    strings, in C loops: a few ms for 64 KiB of brackets)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return False
+    brackets = _NOT_BRACKETS.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > MAX_DEPTH
 
 
 def read_json(body: bytes) -> tuple[str, Any]:
@@ -82,6 +98,8 @@ def read_json(body: bytes) -> tuple[str, Any]:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise NotJson("body is not UTF-8") from None
+    if _too_deep(text):
+        raise NotJson("body is not JSON: nested too deep")
     try:
         value = _DECODER.decode(text)
     except NotJson:
@@ -95,7 +113,10 @@ def read_json(body: bytes) -> tuple[str, Any]:
         # int() refuses more than sys.get_int_max_str_digits() digits.
         raise NotJson("body is not JSON: a number is beyond the range of a double") from None
     if _LONG_DIGITS.search(text) is not None:
-        _STRICT_INTEGERS.decode(text)  # raises NotJson for an integer past a double
+        try:
+            _STRICT_INTEGERS.decode(text)  # raises NotJson for an integer past a double
+        except RecursionError:  # parse_int takes a frame more than decoding did
+            raise NotJson("body is not JSON: nested too deep") from None
     if _SURROGATE_ESCAPE.search(text) is not None:
         # Only a well-formed pair decodes to a character UTF-8 can encode; escapes are the
         # only way a lone surrogate gets in, since the text itself is valid UTF-8.

@@ -89,6 +89,8 @@ def requests(live: dict[str, Any]) -> dict[str, Request_]:
         "lone surrogate": (KEY, json_headers, b'{"bot": "\\ud800"}'),
         "beyond a double": (KEY, json_headers, b'{"update_id": 1e400}'),
         "not UTF-8": (KEY, json_headers, b'{"bot": "\xff"}'),
+        "nested deep": (KEY, json_headers, b"[" * 600 + b"]" * 600),
+        "nested deep, a long integer": (KEY, json_headers, b"[" * 978 + b"1" * 311 + b"]" * 978),
         "text/plain": (KEY, {"content-type": "text/plain"}, body(live)),
         "no content type": (KEY, {}, body(live)),
         "+json": (KEY, {"content-type": "application/vnd.intake+json"}, body(live)),

@@ -190,7 +190,10 @@ class BaseMethods(SqlCore):
             return False
         async with self._read() as connection:
             await self._backend.vacuum(connection, self.table)
-        return True
+            # A vacuum that found the table held by another (SKIP_LOCKED) did nothing: the
+            # last vacuum's time tells.
+            _, _, after = await self._backend.dead_rows(connection, self.table)
+        return after is not None and (age is None or after < age)
 
     # -- operators' views (beyond SPEC section 4; base level) --------------------------------
 
