@@ -21,8 +21,8 @@ import psycopg
 
 from app.store import open_store
 from app.store.migrate import upgrade
-from bench.child import ROOT, free_port, process
-from bench.fixtures import fresh_schema, worker_env
+from bench.child import ROOT, free_port
+from bench.fixtures import fresh_schema, serve, worker_env
 from bench.intake import Load, generate
 from bench.store import POSTGRES_URL
 
@@ -83,16 +83,7 @@ async def main(*, quick: bool = False) -> str:
         env = worker_env(url, "http://127.0.0.1:9", INTAKE_PORT=str(port), INTAKE_API_KEYS=KEY)
         base = f"http://127.0.0.1:{port}"
         loads: dict[str, Load] = {}
-        serve = process(
-            sys.executable,
-            "-m",
-            "app.cli",
-            "serve",
-            env=env,
-            ready="Uvicorn running",
-            label="serve",
-        )
-        async with serve:
+        async with serve(env):
             print("bench api: /healthz", file=sys.stderr)
             loads["GET /healthz (ceiling: no database, no key)"] = await _measure(
                 f"{base}/healthz", "GET", "", seconds, warm_up

@@ -30,11 +30,18 @@ class Child:
 
     def peak_rss_mib(self) -> float:
         """The child's peak resident set so far (its high-water mark, VmHWM), MiB."""
+        return self._status_mib("VmHWM")
+
+    def rss_mib(self) -> float:
+        """The child's resident set now (VmRSS), MiB."""
+        return self._status_mib("VmRSS")
+
+    def _status_mib(self, name: str) -> float:
         with open(f"/proc/{self.pid}/status") as status:
             for field in status:
-                if field.startswith("VmHWM:"):
+                if field.startswith(f"{name}:"):
                     return int(field.split()[1]) / 1024
-        raise RuntimeError(f"no VmHWM for process {self.pid}")
+        raise RuntimeError(f"no {name} for process {self.pid}")
 
     def cpu_seconds(self) -> float:
         """CPU time the child has used so far, user and system."""

@@ -30,7 +30,7 @@ from app.store.migrate import upgrade
 from bench import client
 from bench.child import free_port, process
 from bench.downstream import command as downstream_command
-from bench.fixtures import CHATS, SECRET, body, fresh_schema, worker_env
+from bench.fixtures import CHATS, SECRET, body, fresh_schema, serve, worker, worker_env
 from bench.store import POSTGRES_URL
 
 PGQUEUER_WORKER = """
@@ -97,17 +97,7 @@ async def drain_ours(downstream: str, workers: int, count: int, *, analyzed: boo
 async def _workers(env: dict[str, str], count: int) -> AsyncIterator[None]:
     async with AsyncExitStack() as stack:
         for _ in range(count):
-            await stack.enter_async_context(
-                process(
-                    sys.executable,
-                    "-m",
-                    "app.cli",
-                    "worker",
-                    env=env,
-                    ready="worker started",
-                    label="worker",
-                )
-            )
+            await stack.enter_async_context(worker(env))
         yield
 
 
@@ -192,16 +182,7 @@ async def latency(downstream: str, rate: float, seconds: float) -> Spans:
         upgrade(url)
         port = free_port()
         env = worker_env(url, downstream, INTAKE_PORT=str(port))
-        serve = process(
-            sys.executable,
-            "-m",
-            "app.cli",
-            "serve",
-            env=env,
-            ready="Uvicorn running",
-            label="serve",
-        )
-        async with serve, _workers(env, 1), aiohttp.ClientSession() as session:
+        async with serve(env), _workers(env, 1), aiohttp.ClientSession() as session:
             await session.post(f"{downstream}/reset")
             sent: dict[str, float] = {}
             answered: dict[str, float] = {}

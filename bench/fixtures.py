@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 
 import psycopg
 
+from bench.child import Child, process
 from bench.store import POSTGRES_URL
 
 SECRET = "bench-secret_token"  # noqa: S105 - a fixed test secret
@@ -57,3 +59,27 @@ def worker_env(database_url: str, downstream: str, **extra: str) -> dict[str, st
         **extra,
     )
     return env
+
+
+def serve(env: dict[str, str]) -> AbstractAsyncContextManager[Child]:
+    """A `telegram-intake serve` child with `env`, yielded once uvicorn listens."""
+    command = (sys.executable, "-m", "app.cli", "serve")
+    return process(*command, env=env, ready="Uvicorn running", label="serve")
+
+
+def worker(env: dict[str, str]) -> AbstractAsyncContextManager[Child]:
+    """A `telegram-intake worker` child with `env`, yielded once its workers started."""
+    command = (sys.executable, "-m", "app.cli", "worker")
+    return process(*command, env=env, ready="worker started", label="worker")
+
+
+async def start_path(
+    stack: AsyncExitStack, env: dict[str, str], downstream: Sequence[str], workers: int
+) -> dict[str, Child]:
+    """The whole path's processes, each stopped with `stack`: the `downstream` command, one
+    `serve` and `workers` worker processes, by name."""
+    children = {"downstream": await stack.enter_async_context(process(*downstream, ready="ready"))}
+    children["serve"] = await stack.enter_async_context(serve(env))
+    for n in range(workers):
+        children[f"worker {n + 1}"] = await stack.enter_async_context(worker(env))
+    return children

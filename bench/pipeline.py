@@ -25,10 +25,10 @@ from contextlib import AsyncExitStack
 import aiohttp
 
 from app.store.migrate import upgrade
-from bench.child import Child, free_port, process
+from bench.child import free_port, process
 from bench.dispatch import drain_ours
 from bench.downstream import command as downstream_command
-from bench.fixtures import CHATS, SECRET, body, fresh_schema, worker_env
+from bench.fixtures import CHATS, SECRET, body, fresh_schema, start_path, worker_env
 
 KEY = "bench-pipeline-key.0123456789"
 CONCURRENCY = 64
@@ -51,20 +51,10 @@ async def run_case(case: Case, count: int) -> None:
         intake = f"http://127.0.0.1:{port}"
         downstream = f"http://127.0.0.1:{hook_port}"
         env = worker_env(url, downstream, INTAKE_PORT=str(port), INTAKE_API_KEYS=KEY)
-        children: dict[str, Child] = {}
         command = downstream_command(
             hook_port, owns=(intake, KEY) if case.downstream == "owns" else None
         )
-        children["downstream"] = await stack.enter_async_context(process(*command, ready="ready"))
-        serve = (sys.executable, "-m", "app.cli", "serve")
-        children["serve"] = await stack.enter_async_context(
-            process(*serve, env=env, ready="Uvicorn running")
-        )
-        for n in range(case.workers):
-            worker = (sys.executable, "-m", "app.cli", "worker")
-            children[f"worker {n + 1}"] = await stack.enter_async_context(
-                process(*worker, env=env, ready="worker started")
-            )
+        children = await start_path(stack, env, command, case.workers)
         started = {name: child.cpu_seconds() for name, child in children.items()}
         sent, first = await _post_all(intake, count)
         arrived = await _wait_arrived(downstream, count)

@@ -36,9 +36,9 @@ import psycopg
 
 from app.store.migrate import upgrade
 from app.store.schema import DEFAULT_TABLE
-from bench.child import ROOT, Child, free_port, process
+from bench.child import ROOT, free_port
 from bench.downstream import command as downstream_command
-from bench.fixtures import SECRET, body, fresh_schema, worker_env
+from bench.fixtures import SECRET, body, fresh_schema, start_path, worker_env
 
 KEY = "bench-soak-key.0123456789"
 CONNECTIONS = 64
@@ -246,14 +246,6 @@ def _p99(values: list[float]) -> float | None:
     return statistics.quantiles(values, n=100)[98] if len(values) >= 2 else None
 
 
-def _rss_mib(child: Child) -> float:
-    with open(f"/proc/{child.pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {child.pid}")
-
-
 def _libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
@@ -275,18 +267,8 @@ async def soak(
             INTAKE_RETENTION_SECONDS=str(RETENTION_SECONDS),
             INTAKE_PRUNE_INTERVAL_SECONDS=str(PRUNE_INTERVAL_SECONDS),
         )
-        children: dict[str, Child] = {}
         command = downstream_command(hook_port, owns=(intake, KEY), forget=True)
-        children["downstream"] = await stack.enter_async_context(process(*command, ready="ready"))
-        serve = (sys.executable, "-m", "app.cli", "serve")
-        children["serve"] = await stack.enter_async_context(
-            process(*serve, env=env, ready="Uvicorn running")
-        )
-        for n in range(WORKERS):
-            worker = (sys.executable, "-m", "app.cli", "worker")
-            children[f"worker {n + 1}"] = await stack.enter_async_context(
-                process(*worker, env=env, ready="worker started")
-            )
+        children = await start_path(stack, env, command, WORKERS)
         database = await psycopg.AsyncConnection.connect(_libpq(url), autocommit=True)
         stack.push_async_callback(database.close)
         session = await stack.enter_async_context(aiohttp.ClientSession())
@@ -310,7 +292,7 @@ async def soak(
                 index_mib=indexes / 2**20,
                 post_p99_ms=poster.sample(),
                 arrival_p99_ms=_p99(arrived["latencies_ms"]),
-                rss_mib={name: _rss_mib(child) for name, child in children.items()},
+                rss_mib={name: child.rss_mib() for name, child in children.items()},
             )
 
         poster, stop = Poster(intake, rate), asyncio.Event()
