@@ -14,14 +14,24 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Table
+from sqlalchemy import Row, Table, Update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import ReturningDelete
 
 from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
 
 Numbers = dict[str, int]  # claim_next_owned's now, lease_until, max_attempts, limit and window
+
+
+@dataclass(frozen=True)
+class History:
+    """Where the attempts a store starts are recorded (`app.store.history`), and as whose."""
+
+    attempts: Table
+    worker: str
 
 
 class Backend(ABC):
@@ -42,8 +52,31 @@ class Backend(ABC):
         self.engine = engine
 
     @abstractmethod
-    def prepare(self, table: Table, channel: str) -> None:
-        """(Re)build what depends on the table's shape: at start and after a migration."""
+    def prepare(self, table: Table, channel: str, history: History | None) -> None:
+        """(Re)build what depends on the table's shape: at start and after a migration.
+        With `history`, the claims and batch settles record each attempt in it."""
+
+    @abstractmethod
+    async def transition(
+        self, connection: AsyncConnection, statement: Update, follow: Update | None
+    ) -> Row[Any] | None:
+        """Run one conditional transition (an UPDATE ... RETURNING) and, only when it matched
+        a row, `follow` (its history), as one statement where the database can (PostgreSQL:
+        a data-modifying CTE), else in this transaction; the transition's first row."""
+
+    @abstractmethod
+    async def claim_recorded(
+        self, connection: AsyncConnection, statement: Update, now: int
+    ) -> Sequence[Row[Any]]:
+        """Run a claim (an UPDATE ... RETURNING bot, update_id, attempts, claim_id, state) and
+        record the attempts it started in the history (when kept), started at `now`."""
+
+    @abstractmethod
+    async def delete_recorded(
+        self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
+    ) -> int:
+        """Run a DELETE of updates (its RETURNING names bot and update_id) and delete their
+        history in `attempts` with them; the count of updates deleted."""
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:

@@ -51,6 +51,7 @@ from sqlalchemy import (
     event,
     exists,
     func,
+    literal,
     literal_column,
     select,
     tuple_,
@@ -60,10 +61,11 @@ from sqlalchemy import table as catalog_view
 from sqlalchemy.dialects.postgresql import ARRAY, OID, insert
 from sqlalchemy.engine import URL, CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ClauseElement
 
-from app.store import queries
-from app.store.backend import Backend, Numbers
+from app.store import history, queries
+from app.store.backend import Backend, History, Numbers
 from app.store.predicates import NON_TERMINAL, in_state, live, matches, settled_columns
 from app.store.types import ClaimIdentity, HandedBack, NewUpdate, Ordering, Settlement
 
@@ -247,10 +249,12 @@ _SETTLE_COLUMNS = {
     "settled_at": BigInteger,
     "error": Text,
     "handed_back": Boolean,
+    "outcome": Text,  # for the attempt's history
+    "status": Integer,
 }
 
 
-def settle_many_owned(t: Table) -> Update:
+def settle_many_owned(t: Table, attempts: Table | None = None) -> Update | Select[Any]:
     """A whole batch of settlements in one statement, each row matched on its full identity and
     live lease (the rule of `queries.settle_owned`), over unnest() of parallel arrays (one
     statement text for any batch size, so it is prepared once). RETURNING names the keys that
@@ -260,7 +264,7 @@ def settle_many_owned(t: Table) -> Update:
     A row another transaction holds locked (a downstream's `owns` inside its transaction, an
     operator's statement) is skipped, not waited for: one locked row must not hold up the
     settles of every other attempt of the process. `busy_owned` tells a skipped row from a
-    refused one."""
+    refused one. With `attempts`, the same statement ends each settled attempt's history."""
     batch = select(_unnest(_SETTLE_COLUMNS)).cte("batch")
     free = (
         select(t.c.bot, t.c.update_id)
@@ -276,7 +280,7 @@ def settle_many_owned(t: Table) -> Update:
         in_state(newer.c.state, *NON_TERMINAL),
     )
     exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
-    return (
+    settle = (
         update(t)
         .where(
             exact,
@@ -293,6 +297,28 @@ def settle_many_owned(t: Table) -> Update:
         )
         .returning(t.c.bot, t.c.update_id, waiting.label("waiting"))
     )
+    if attempts is None:
+        return settle
+    settled = settle.cte("settled")
+    a = attempts.c
+    ended = (
+        update(attempts)
+        .where(
+            a.bot == batch.c.bot,
+            a.update_id == batch.c.update_id,
+            a.attempt == batch.c.attempt,
+            a.claim_id == batch.c.claim_id,
+            a.ended_at.is_(None),
+            tuple_(batch.c.bot, batch.c.update_id).in_(select(settled.c.bot, settled.c.update_id)),
+        )
+        .values(
+            ended_at=batch.c.at,
+            outcome=batch.c.outcome,
+            status_code=batch.c.status,
+            error=func.left(batch.c.error, history.MAX_ERROR_CHARS),
+        )
+    )
+    return select(settled).add_cte(ended.cte("ended"))
 
 
 def busy_owned(t: Table) -> Select[Any]:
@@ -361,6 +387,8 @@ def settle_many_parameters(
                 "at": settlement.at,
                 **settled_columns(settlement),
                 "handed_back": isinstance(settlement, HandedBack),
+                "outcome": history.outcome_of(settlement),
+                "status": getattr(settlement, "status", None),
             }
         )
     return _arrays(_SETTLE_COLUMNS, rows)
@@ -402,12 +430,15 @@ class PostgresBackend(Backend):
         self._channel = ""
         self._compiled: dict[str, Compiled] = {}
         self._claims: dict[tuple[Any, ...], Compiled] = {}
+        self._history: History | None = None
 
-    def prepare(self, table: Table, channel: str) -> None:
+    def prepare(self, table: Table, channel: str, history: History | None) -> None:
         self._channel = channel
+        self._history = history
+        attempts = None if history is None else history.attempts
         statements: dict[str, ClauseElement] = {"add": add(table, channel)}
         if "uncounted" in table.c:  # the fenced methods' revision
-            statements["settle_many_owned"] = settle_many_owned(table)
+            statements["settle_many_owned"] = settle_many_owned(table, attempts)
             statements["busy_owned"] = busy_owned(table)
             statements["owned_leases"] = owned_leases(table)
             statements["renewed_leases"] = renewed_leases(table)
@@ -456,7 +487,7 @@ class PostgresBackend(Backend):
         if compiled is None:
             if len(self._claims) >= 64:  # shapes are few; callers listing ever new bots are not
                 self._claims.clear()
-            statement = queries.claim_next_owned(
+            claim = queries.claim_next_owned(
                 table,
                 now=bindparam("now", 0, BigInteger),
                 lease_until=bindparam("lease_until", 0, BigInteger),
@@ -468,8 +499,57 @@ class PostgresBackend(Backend):
                 durable_exhaustion=durable_exhaustion,
                 lateral=True,
             )
+            statement: ClauseElement = claim
+            if self._history is not None:
+                # The attempts it starts enter their history in the same statement.
+                claimed = claim.cte("claimed")
+                started = history.started(
+                    self._history.attempts,
+                    claimed,
+                    now=bindparam("now", 0, BigInteger),
+                    worker=bindparam("worker", "", Text),
+                    dialect=self.name,
+                )
+                statement = select(claimed).add_cte(started.cte("started"))
             compiled = self._claims[key] = self._driver_sql(statement, expanded=True)
-        return (await self._execute(connection, compiled, dict(numbers))).all()
+        values: dict[str, Any] = dict(numbers)
+        if self._history is not None:
+            values["worker"] = self._history.worker
+        return (await self._execute(connection, compiled, values)).all()
+
+    async def transition(
+        self, connection: AsyncConnection, statement: Update, follow: Update | None
+    ) -> Row[Any] | None:
+        if follow is None:
+            return (await connection.execute(statement)).first()
+        moved = statement.cte("moved")
+        guarded = follow.where(exists(select(literal_column("1")).select_from(moved)))
+        both = select(moved).add_cte(guarded.cte("followed"))
+        return (await connection.execute(both)).first()
+
+    async def claim_recorded(
+        self, connection: AsyncConnection, statement: Update, now: int
+    ) -> Sequence[Row[Any]]:
+        if self._history is None:
+            return (await connection.execute(statement)).all()
+        claimed = statement.cte("claimed")
+        started = history.started(
+            self._history.attempts,
+            claimed,
+            now=literal(now, BigInteger),
+            worker=literal(self._history.worker, Text),
+            dialect=self.name,
+        )
+        return (await connection.execute(select(claimed).add_cte(started.cte("started")))).all()
+
+    async def delete_recorded(
+        self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
+    ) -> int:
+        gone = statement.cte("gone")
+        counted = select(func.count()).select_from(gone)
+        if attempts is not None:
+            counted = counted.add_cte(history.forget(attempts, gone).cte("forgotten"))
+        return int((await connection.execute(counted)).scalar_one())
 
     async def owns(
         self, connection: AsyncConnection, table: Table, identity: ClaimIdentity, at: int

@@ -17,7 +17,6 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
-    Delete,
     Integer,
     Select,
     Table,
@@ -36,8 +35,9 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.sql.dml import ReturningDelete
 
-from app.store import chat_order
+from app.store import chat_order, control
 from app.store.predicates import (
     Number,
     claim_values,
@@ -54,9 +54,18 @@ from app.store.predicates import (
     settle_values,
     unacknowledged,
 )
+from app.store.schema import bots_table_name
 from app.store.types import ClaimIdentity, Ordering, Settlement
 
 # -- base (revision 0001 columns only) ---------------------------------------------------------
+
+
+def unpaused(t: Table) -> ColumnElement[bool]:
+    """No claim starts an attempt of a paused bot (revision 0004's `_bots`; below it no bot
+    is ever paused). Part of every claim's WHERE, so a pause binds every process the moment
+    it commits."""
+    bots = t.metadata.tables.get(bots_table_name(t.name))
+    return true() if bots is None else ~control.paused(t, bots)
 
 
 ADD_COLUMNS = {
@@ -91,7 +100,7 @@ def claim(
     )
     return (
         update(t)
-        .where(key_is(t, bot, update_id), claimable(t, now))
+        .where(key_is(t, bot, update_id), claimable(t, now), unpaused(t))
         .values(values)
         .returning(t.c.state, t.c.attempts)
     )
@@ -139,6 +148,7 @@ def due(
     ]
     if bots is not None:
         branches = [and_(branch, t.c.bot.in_(list(bots))) for branch in branches]
+    branches = [and_(branch, unpaused(t)) for branch in branches]
     columns = (t.c.bot, t.c.update_id, t.c.body, t.c.update_type, t.c.received_at)
     rows = (
         union_all(*(select(*columns).where(branch) for branch in branches))
@@ -148,7 +158,7 @@ def due(
     return select(rows).order_by(rows.c.bot, rows.c.update_id).limit(limit)
 
 
-def prune(t: Table, *, before: int, limit: int) -> Delete:
+def prune(t: Table, *, before: int, limit: int) -> ReturningDelete[Any]:
     """Delete up to `limit` prunable rows: a bounded batch, so that no prune holds a lock (on
     SQLite: the one write lock) for longer than one batch takes."""
     # The rule is settled_at < before; due_at == settled_at on terminal rows lets the
@@ -162,7 +172,11 @@ def prune(t: Table, *, before: int, limit: int) -> Delete:
         )
         .limit(limit)
     )
-    return delete(t).where(tuple_(t.c.bot, t.c.update_id).in_(prunable))
+    return (
+        delete(t)
+        .where(tuple_(t.c.bot, t.c.update_id).in_(prunable))
+        .returning(t.c.bot, t.c.update_id)
+    )
 
 
 def get_update(t: Table, *, bot: str, update_id: int) -> Select[Any]:
@@ -206,9 +220,9 @@ def claim_owned(
     )
     return (
         update(t)
-        .where(key_is(t, bot, update_id), claimable(t, now))
+        .where(key_is(t, bot, update_id), claimable(t, now), unpaused(t))
         .values(values)
-        .returning(t.c.state, t.c.attempts, t.c.claim_id)
+        .returning(t.c.state, t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id)
     )
 
 
@@ -264,7 +278,7 @@ def claim_next_owned(
     )
     return (
         update(t)
-        .where(tuple_(t.c.bot, t.c.update_id).in_(candidates))
+        .where(tuple_(t.c.bot, t.c.update_id).in_(candidates), unpaused(t))
         .values(values)
         .returning(
             t.c.state,

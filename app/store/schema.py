@@ -4,15 +4,20 @@ Revision 0001 is the base shape; revision 0002 (ADR 0256) adds `claim_id`, `exha
 `acknowledged_at`, the exhaustion index and the due-order index that batch claims walk;
 revision 0003 adds `uncounted` (attempts that spend no budget: hand-backs), and
 `delivery_due_at` and `deliveries` (an open exhaustion's next delivery to `exhaustion_url`
-and the failed ones so far, shared by every process) with their index.
-`make_metadata(table, revision=...)` draws any of them.
+and the failed ones so far, shared by every process) with their index; revision 0004 (operator
+control, SPEC section 9) adds three tables beside it, each named after it: `_attempts` (every
+attempt's history), `_bots` (pause, the rate limit and its shared token bucket, what the
+workers report of their breaker) and `_audit` (every operator action), and the indexes that
+operators' searches walk. `make_metadata(table, revision=...)` draws any of them.
 
 Invariants every statement of the store keeps (its queries lean on them for index use; a
 process writing the table by other means must keep them too):
 - a pending row's `due_at` is its `received_at`;
 - a row with `settled_at` has `due_at == settled_at`;
 - `exhausted_at` is set only on `abandoned` rows, which no statement moves to another state;
-- an open exhaustion (`exhausted_at` set, `acknowledged_at` NULL) has `delivery_due_at` set.
+- an open exhaustion (`exhausted_at` set, `acknowledged_at` NULL) has `delivery_due_at` set;
+- every attempt a fenced claim starts has its row in `_attempts` (when history is kept), and a
+  row of `_attempts` lives exactly as long as its update's row.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     Column,
+    Double,
     Index,
     Integer,
     MetaData,
@@ -36,13 +42,20 @@ from app.store import validate
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
-Revision = Literal["0001", "0002", "0003"]
-HEAD: Revision = "0003"
-# The columns each revision adds, in order: `revision_of` reads a live table by them.
+Revision = Literal["0001", "0002", "0003", "0004"]
+HEAD: Revision = "0004"
+# What each revision adds, in order: `revision_of` reads a live schema by it (the columns of
+# the updates table, and the tables beside it by their suffix).
 ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0002": ("claim_id", "exhausted_at", "acknowledged_at"),
     "0003": ("uncounted", "delivery_due_at", "deliveries"),
+    "0004": (),
 }
+ADDED_TABLES: dict[Revision, tuple[str, ...]] = {"0004": ("_attempts", "_bots", "_audit")}
+# Attempt outcomes as `_attempts` records them (NULL while the attempt runs, and for an
+# attempt whose lease lapsed before it ended: a reader calls that one "lost").
+OUTCOMES = ("completed", "failed", "abandoned", "exhausted", "handed_back", "parked")
+OUTCOME_CHECK = "outcome IN (" + ", ".join(f"'{o}'" for o in OUTCOMES) + ")"
 
 # Rows a worker may still deliver; the ordering index and chat ordering only look at these.
 NON_TERMINAL = "state IN ('pending', 'processing', 'failed')"
@@ -60,8 +73,21 @@ def version_table_name(table: str) -> str:
     return f"{table}_alembic_version"
 
 
+def attempts_table_name(table: str) -> str:
+    return f"{table}_attempts"
+
+
+def bots_table_name(table: str) -> str:
+    return f"{table}_bots"
+
+
+def audit_table_name(table: str) -> str:
+    return f"{table}_audit"
+
+
 def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> MetaData:
-    """Metadata holding the updates table as it stands at `revision`."""
+    """Metadata holding the updates table (and, from 0004, the tables beside it) as they stand
+    at `revision`."""
     validate.table_name(table)
     metadata = MetaData()
     columns: list[Column[Any]] = [
@@ -128,14 +154,89 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
             postgresql_where=text(UNACKNOWLEDGED),
             sqlite_where=text(UNACKNOWLEDGED),
         )
+    if revision >= "0004":
+        # Operators' searches (`search_updates`): newest first within a bot, by chat, by type.
+        Index(f"ix_{table}_received", updates.c.bot, updates.c.received_at, updates.c.update_id)
+        Index(
+            f"ix_{table}_chat",
+            updates.c.bot,
+            updates.c.queue_key,
+            updates.c.received_at,
+            updates.c.update_id,
+        )
+        Index(
+            f"ix_{table}_type",
+            updates.c.bot,
+            updates.c.update_type,
+            updates.c.received_at,
+            updates.c.update_id,
+        )
+        _add_operator_tables(metadata, table)
     return metadata
 
 
-def revision_of(columns: set[str]) -> Revision:
-    """The revision whose columns the live table has (the highest complete one)."""
+def _add_operator_tables(metadata: MetaData, table: str) -> None:
+    attempts = attempts_table_name(table)
+    Table(
+        attempts,
+        metadata,
+        Column("bot", Text, nullable=False),
+        Column("update_id", BigInteger, nullable=False),
+        Column("attempt", Integer, nullable=False),
+        Column("claim_id", Text, nullable=False),
+        Column("started_at", BigInteger, nullable=False),
+        Column("ended_at", BigInteger, nullable=True),
+        Column("outcome", Text, nullable=True),
+        Column("status_code", Integer, nullable=True),
+        Column("error", Text, nullable=True),
+        Column("worker", Text, nullable=True),
+        PrimaryKeyConstraint("bot", "update_id", "attempt", name=f"pk_{attempts}"),
+        CheckConstraint(OUTCOME_CHECK, name=f"ck_{attempts}_outcome"),
+    )
+    bots = bots_table_name(table)
+    Table(
+        bots,
+        metadata,
+        Column("bot", Text, nullable=False),
+        Column("paused_at", BigInteger, nullable=True),
+        Column("paused_by", Text, nullable=True),
+        Column("paused_reason", Text, nullable=True),
+        Column("rate_per_second", Double, nullable=True),
+        # The rate limit's token bucket, shared by every worker process: the tokens left at
+        # `refilled_at`; it refills at rate_per_second up to a second's worth.
+        Column("tokens", Double, nullable=False, server_default=text("0")),
+        Column("refilled_at", BigInteger, nullable=False, server_default=text("0")),
+        # The last breaker transition any worker reported, and when.
+        Column("breaker", Text, nullable=True),
+        Column("breaker_at", BigInteger, nullable=True),
+        PrimaryKeyConstraint("bot", name=f"pk_{bots}"),
+        CheckConstraint("rate_per_second > 0", name=f"ck_{bots}_rate"),
+    )
+    audit = audit_table_name(table)
+    audit_table = Table(
+        audit,
+        metadata,
+        Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+        Column("at", BigInteger, nullable=False),
+        Column("key_name", Text, nullable=False),
+        Column("action", Text, nullable=False),
+        Column("target", Text, nullable=False),
+        Column("detail", Text, nullable=True),  # JSON: the filter, reason, rate, dry run
+        Column("matched", BigInteger, nullable=True),
+        Column("changed", BigInteger, nullable=True),
+    )
+    Index(f"ix_{audit}_at", audit_table.c.at)
+
+
+def revision_of(columns: set[str], tables: set[str] | None = None, table: str = "") -> Revision:
+    """The revision whose columns the live table has, and whose tables stand beside it (the
+    highest complete one). `tables`: the names in its schema; None reads columns only."""
     present: Revision = "0001"
     for revision, added in ADDED_COLUMNS.items():
         if not set(added) <= columns:
+            break
+        beside = {table + suffix for suffix in ADDED_TABLES.get(revision, ())}
+        if beside and (tables is None or not beside <= tables):
             break
         present = revision
     return present

@@ -32,6 +32,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    delete,
     event,
     update,
 )
@@ -39,9 +40,10 @@ from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql.dml import ReturningDelete
 
-from app.store import queries
-from app.store.backend import Backend, Numbers
+from app.store import history, queries
+from app.store.backend import Backend, History, Numbers
 from app.store.predicates import identity_is, in_state
 from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
 
@@ -131,6 +133,11 @@ def add_rows(rows: Sequence[NewUpdate]) -> list[dict[str, Any]]:
     ]
 
 
+def history_insert(attempts: Table) -> Any:
+    """The executemany insert of the attempts a claim started (`history.start_rows`)."""
+    return history.insert_started(attempts, "sqlite")
+
+
 def hold_owned(t: Table, *, identity: ClaimIdentity) -> Update:
     """`owns` inside a caller's transaction: a no-op write of the identity's leased row, which
     takes the one write lock until that transaction ends (a SELECT would take none). It returns
@@ -162,10 +169,14 @@ class SqliteBackend(Backend):
         self.read_lock = self.write_lock if shared else nullcontext()
         self._add: Any = None
         self._claims: dict[tuple[Any, ...], Update] = {}
+        self._history: History | None = None
+        self._started: Any = None
 
-    def prepare(self, table: Table, channel: str) -> None:
+    def prepare(self, table: Table, channel: str, history: History | None) -> None:
         self._add = add(table)
         self._claims = {}
+        self._history = history
+        self._started = None if history is None else history_insert(history.attempts)
 
     async def add_many(
         self, connection: AsyncConnection, rows: Sequence[NewUpdate]
@@ -201,7 +212,43 @@ class SqliteBackend(Backend):
                 durable_exhaustion=durable_exhaustion,
                 lateral=False,
             )
-        return (await connection.execute(statement, dict(numbers))).all()
+        rows = (await connection.execute(statement, dict(numbers))).all()
+        if self._history is not None:
+            # In the claim's transaction: the attempts it started enter their history with it.
+            started = history.start_rows(rows, now=numbers["now"], worker=self._history.worker)
+            if started:
+                await connection.execute(self._started, started)
+        return rows
+
+    async def transition(
+        self, connection: AsyncConnection, statement: Update, follow: Update | None
+    ) -> Row[Any] | None:
+        # The caller's transaction holds the write lock: the two statements commit together.
+        row: Row[Any] | None = (await connection.execute(statement)).first()
+        if row is not None and follow is not None:
+            await connection.execute(follow)
+        return row
+
+    async def claim_recorded(
+        self, connection: AsyncConnection, statement: Update, now: int
+    ) -> Sequence[Row[Any]]:
+        rows = (await connection.execute(statement)).all()
+        if self._history is not None:
+            started = history.start_rows(rows, now=now, worker=self._history.worker)
+            if started:
+                await connection.execute(self._started, started)
+        return rows
+
+    async def delete_recorded(
+        self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
+    ) -> int:
+        keys = (await connection.execute(statement)).all()
+        if attempts is not None and keys:
+            forget = delete(attempts).where(
+                attempts.c.bot == bindparam("k_bot"), attempts.c.update_id == bindparam("k_id")
+            )
+            await connection.execute(forget, [{"k_bot": b, "k_id": u} for b, u in keys])
+        return len(keys)
 
     async def owns(
         self, connection: AsyncConnection, table: Table, identity: ClaimIdentity, at: int
@@ -254,7 +301,12 @@ class SqliteBackend(Backend):
         settled: dict[tuple[str, int], bool | None] = {}
         for identity, settlement in items:
             statement = queries.settle_owned(table, identity=identity, settlement=settlement)
-            if (await connection.execute(statement)).first() is not None:
+            follow = (
+                None
+                if self._history is None
+                else history.ended_by_settle(self._history.attempts, identity, settlement)
+            )
+            if await self.transition(connection, statement, follow) is not None:
                 settled[(identity.bot, identity.update_id)] = True
         return settled
 

@@ -35,12 +35,15 @@ class ClaimIdentity:
 
 @dataclass(frozen=True, slots=True)
 class Completed:
-    """The attempt delivered the update."""
+    """The attempt delivered the update. `status`: the downstream's HTTP status, for the
+    attempt's history (None: no answer, or the callback API settled it)."""
 
     at: int
+    status: int | None = None
 
     def __post_init__(self) -> None:
         validate.millis("at", self.at)
+        validate.status("status", self.status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +53,13 @@ class Failed:
     at: int
     retry_at: int
     error: str
+    status: int | None = None
 
     def __post_init__(self) -> None:
         validate.millis("at", self.at)
         validate.millis("retry_at", self.retry_at)
         validate.text("error", self.error)
+        validate.status("status", self.status)
         if self.retry_at < self.at:
             raise ValueError(f"retry_at {self.retry_at} is before at {self.at}")
 
@@ -65,10 +70,12 @@ class Abandoned:
 
     at: int
     error: str
+    status: int | None = None
 
     def __post_init__(self) -> None:
         validate.millis("at", self.at)
         validate.text("error", self.error)
+        validate.status("status", self.status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +179,144 @@ class NewUpdate:
         validate.millis("received_at", self.received_at)
         validate.optional_text("update_type", self.update_type)
         validate.optional_text("queue_key", self.queue_key)
+
+
+# -- operator control (revision 0004) -----------------------------------------------------------
+
+# How an attempt ended, as its history says: recorded by the statement that ended it, or, for an
+# attempt that never did, "running" (its lease is the row's) or "lost" (its lease lapsed).
+AttemptEnd = Literal[
+    "completed", "failed", "abandoned", "exhausted", "handed_back", "parked", "running", "lost"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt of an update (`attempts`): its claim, when it started and ended, how, the
+    downstream's HTTP status, an excerpt of its error, and the worker that ran it."""
+
+    attempt: int
+    claim_id: str
+    started_at: int
+    ended_at: int | None
+    outcome: AttemptEnd
+    status_code: int | None
+    error: str | None
+    worker: str | None
+
+    @property
+    def duration_ms(self) -> int | None:
+        return None if self.ended_at is None else self.ended_at - self.started_at
+
+
+@dataclass(frozen=True, slots=True)
+class BotControl:
+    """A bot's controls as every process sees them (`bot_controls`): paused since when, by
+    whom and why; its rate limit; the last breaker transition a worker reported."""
+
+    bot: str
+    paused_at: int | None = None
+    paused_by: str | None = None
+    paused_reason: str | None = None
+    rate_per_second: float | None = None
+    breaker: str | None = None
+    breaker_at: int | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ExhaustionFilter:
+    """Which open exhaustions a bulk redrive or acknowledgement takes: all of the criteria
+    given. `bots` bounds it to the bots the caller may act for (None: every bot)."""
+
+    bots: tuple[str, ...] | None = None
+    update_type: str | None = None
+    chat: str | None = None
+    error_contains: str | None = None
+    exhausted_after: int | None = None
+    exhausted_before: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.bots is not None:
+            if isinstance(self.bots, str):
+                raise ValueError("bots must be a sequence of bot names, not one string")
+            for bot in self.bots:
+                validate.bot_name(bot)
+        validate.optional_text("update_type", self.update_type)
+        validate.optional_text("chat", self.chat)
+        validate.optional_text("error_contains", self.error_contains)
+        for name in ("exhausted_after", "exhausted_before"):
+            value = getattr(self, name)
+            if value is not None:
+                validate.millis(name, value)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateFilter:
+    """What `search_updates` looks for: rows of `bots` matching every criterion given.
+    `contains` is a substring of the raw body, searched only among rows the others select."""
+
+    bots: tuple[str, ...]
+    state: State | None = None
+    chat: str | None = None
+    update_type: str | None = None
+    received_after: int | None = None
+    received_before: int | None = None
+    contains: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bots, str) or not self.bots:
+            raise ValueError("bots must be a non-empty sequence of bot names")
+        for bot in self.bots:
+            validate.bot_name(bot)
+        if self.state is not None and self.state not in STATES:
+            raise ValueError(f"state {self.state!r} is not one of {', '.join(STATES)}")
+        validate.optional_text("chat", self.chat)
+        validate.optional_text("update_type", self.update_type)
+        if self.contains is not None and not validate.text("contains", self.contains):
+            raise ValueError("contains is empty")
+        for name in ("received_after", "received_before"):
+            value = getattr(self, name)
+            if value is not None:
+                validate.millis(name, value)
+
+
+# A search's position: the last row's (received_at, bot, update_id); pages go newest first.
+SearchCursor = tuple[int, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    """One page of `search_updates`: the rows, and where the next page starts (None: no
+    more). A page may hold fewer rows than asked, even none, while `next` is set: a body
+    search reads a bounded number of rows per page."""
+
+    items: list[StoredUpdate]
+    next: SearchCursor | None
+
+
+@dataclass(frozen=True, slots=True)
+class BulkOutcome:
+    """What a bulk action matched and changed, with a sample of the identities it matched
+    (the first ones in key order)."""
+
+    matched: int
+    changed: int
+    sample: list[Exhaustion]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action as the audit log keeps it. `detail` is JSON text."""
+
+    id: int
+    at: int
+    key_name: str
+    action: str
+    target: str
+    detail: str | None
+    matched: int | None
+    changed: int | None

@@ -90,3 +90,21 @@ def text(name: str, value: Any) -> str:
 
 def optional_text(name: str, value: Any) -> str | None:
     return None if value is None else text(name, value)
+
+
+def status(name: str, value: Any) -> int | None:
+    """An HTTP status code, or None."""
+    if value is not None and (not _is_int(value) or not 100 <= value <= 599):
+        raise ValueError(f"{name} {value!r} is not an HTTP status code in [100, 599]")
+    return None if value is None else int(value)
+
+
+def rate(name: str, value: Any) -> float | None:
+    """Attempts per second: a positive finite number, or None for no limit."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} {value!r} is not a number")
+    if not 0 < value <= 1_000_000:
+        raise ValueError(f"{name} {value!r} is not in (0, 1000000] per second")
+    return float(value)

@@ -6,7 +6,8 @@ databases do differently (connections and their queues, the batch statements, th
 wake-ups) is each one's `Backend`: `app.store.sqlite`, `app.store.postgres`.
 
 One module per capability level, each class adding its level's methods to the one below:
-`core` (schema, checks, transactions) <- `base` <- `fenced` <- `durable`.
+`core` (schema, checks, transactions) <- `base` <- `fenced` <- `durable` <- `control`
+(operator control, revision 0004).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 from app.store import validate
 from app.store.engine import create_store_engine
 from app.store.schema import DEFAULT_TABLE
+from app.store.sqlstore.control import ControlMethods
 from app.store.sqlstore.core import read_capability, read_revision
-from app.store.sqlstore.durable import DurableMethods
 
 __all__ = ["SqlUpdateStore", "open_store", "read_capability"]
 
 
-class SqlUpdateStore(DurableMethods):
+class SqlUpdateStore(ControlMethods):
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema."""
 
 
@@ -33,6 +34,8 @@ async def open_store(
     lock_timeout_ms: int = 0,
     pgbouncer: bool = False,
     listen_url: str | None = None,
+    history: bool = True,
+    worker: str | None = None,
 ) -> SqlUpdateStore:
     """Open a store on a migrated database; `capability` is read from the live schema. On
     PostgreSQL, nonzero timeouts bound every statement of its connections (a statement past
@@ -52,4 +55,4 @@ async def open_store(
     except BaseException:
         await engine.dispose()
         raise
-    return SqlUpdateStore(engine, table, revision)
+    return SqlUpdateStore(engine, table, revision, history=history, worker=worker)

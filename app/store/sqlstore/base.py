@@ -138,7 +138,9 @@ class BaseMethods(SqlCore):
             async with self.transaction() as connection:
                 if not await self._backend.exclusive(connection, self.table, "prune"):
                     return deleted
-                batch = (await connection.execute(statement)).rowcount
+                batch = await self._backend.delete_recorded(
+                    connection, statement, self.attempts_table
+                )
             deleted += batch
             if batch < PRUNE_BATCH:
                 return deleted

@@ -4,20 +4,32 @@ every method runs its statements in (through the database's `Backend`)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
-from sqlalchemy import Table, inspect
+from sqlalchemy import Table, Update, inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.expression import Executable
 
-from app.store import queries, validate
-from app.store.backend import Backend
+from app.store import history, queries, validate
+from app.store.backend import Backend, History
 from app.store.engine import translated_errors
 from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.postgres import PostgresBackend
-from app.store.schema import Revision, make_table, revision_of
+from app.store.schema import (
+    DEFAULT_TABLE,
+    HEAD,
+    Revision,
+    attempts_table_name,
+    audit_table_name,
+    bots_table_name,
+    make_metadata,
+    revision_of,
+)
 from app.store.sqlite import SqliteBackend
 from app.store.types import (
     Abandoned,
@@ -30,17 +42,17 @@ from app.store.types import (
 )
 
 _LEVELS: dict[Capability, int] = {"base": 0, "fenced": 1, "durable": 2}
-_BASE_COLUMNS = frozenset(make_table(revision="0001").c.keys())
+_BASE_COLUMNS = frozenset(make_metadata(revision="0001").tables[DEFAULT_TABLE].c.keys())
 
 
 def capability_of(revision: Revision) -> Capability:
     """What a table at `revision` serves. Fenced and durable bots need the head revision: a
-    table at 0002 serves `plain` bots until `alembic upgrade head` (one code path per level,
+    table below it serves `plain` bots until `alembic upgrade head` (one code path per level,
     not one per revision)."""
-    return "durable" if revision == "0003" else "base"
+    return "durable" if revision == HEAD else "base"
 
 
-def _inspect_columns(connection: Connection, table: str) -> set[str]:
+def _inspect(connection: Connection, table: str) -> Revision:
     inspector = inspect(connection)
     if not inspector.has_table(table):
         raise SchemaError(f"table {table!r} does not exist; {UPGRADE_HINT}")
@@ -48,16 +60,16 @@ def _inspect_columns(connection: Connection, table: str) -> set[str]:
     missing = _BASE_COLUMNS - columns
     if missing:
         raise SchemaError(f"table {table!r} lacks {sorted(missing)}; {UPGRADE_HINT}")
-    return columns
+    # The tables of the connection's default schema: where an unqualified name resolves.
+    return revision_of(columns, set(inspector.get_table_names()), table)
 
 
 async def read_revision(engine: AsyncEngine, table: str) -> Revision:
-    """The revision of the live table, by its columns; SchemaError when it is missing or
-    incomplete."""
+    """The revision of the live schema, by the table's columns and the tables beside it;
+    SchemaError when the table is missing or incomplete."""
     with translated_errors(table):
         async with engine.connect() as connection:
-            columns = await connection.run_sync(_inspect_columns, table)
-    return revision_of(columns)
+            return await connection.run_sync(_inspect, table)
 
 
 async def read_capability(engine: AsyncEngine, table: str) -> Capability:
@@ -97,9 +109,20 @@ class SqlCore:
     """What every method stands on: the table, the live capability, the backend, and the
     kinds of transaction a statement runs in."""
 
-    def __init__(self, engine: AsyncEngine, table: str, revision: Revision) -> None:
-        """`engine` as `create_store_engine` makes it (on PostgreSQL: AUTOCOMMIT)."""
-        self.table: Table = make_table(table, revision)
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: str,
+        revision: Revision,
+        *,
+        history: bool = True,
+        worker: str | None = None,
+    ) -> None:
+        """`engine` as `create_store_engine` makes it (on PostgreSQL: AUTOCOMMIT). `history`:
+        record every attempt (revision 0004), as run by `worker` (default: host:pid)."""
+        self.keeps_history = history
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self._tables(table, revision)
         self.revision: Revision = revision
         self._capability: Capability = capability_of(revision)
         self._backend: Backend = (
@@ -107,7 +130,20 @@ class SqlCore:
         )
         # Public, and what `transaction` opens: a real transaction on either backend.
         self.engine = self._backend.transactions
-        self._backend.prepare(self.table, self.wake_channel)
+        self._backend.prepare(self.table, self.wake_channel, self._history())
+
+    def _tables(self, table: str, revision: Revision) -> None:
+        tables = make_metadata(table, revision).tables
+        self.table: Table = tables[table]
+        # The operator tables of revision 0004 (None below it).
+        self.attempts_table: Table | None = tables.get(attempts_table_name(table))
+        self.bots_table: Table | None = tables.get(bots_table_name(table))
+        self.audit_table: Table | None = tables.get(audit_table_name(table))
+
+    def _history(self) -> History | None:
+        if self.attempts_table is None or not self.keeps_history:
+            return None
+        return History(self.attempts_table, self.worker)
 
     @property
     def capability(self) -> Capability:
@@ -124,8 +160,8 @@ class SqlCore:
         """Read the live schema again (after `alembic upgrade head` on a running service)."""
         self.revision = await read_revision(self.engine, self.table.name)
         self._capability = capability_of(self.revision)
-        self.table = make_table(self.table.name, self.revision)
-        self._backend.prepare(self.table, self.wake_channel)
+        self._tables(self.table.name, self.revision)
+        self._backend.prepare(self.table, self.wake_channel, self._history())
         return self._capability
 
     def require(self, level: Capability, feature: str) -> None:
@@ -178,6 +214,16 @@ class SqlCore:
         """Run one transition in its own write transaction; whether it matched a row."""
         async with self._write() as connection:
             return (await connection.execute(statement)).first() is not None
+
+    async def _ended(self, statement: Update, identity: ClaimIdentity, **end: Any) -> bool:
+        """Run a transition that ends the attempt of `identity` and, when it matched, end that
+        attempt in its history (`history.ended`, with `end`), both in one write; whether it
+        matched."""
+        follow = None
+        if self.attempts_table is not None and self.keeps_history:
+            follow = history.ended(self.attempts_table, identity, **end)
+        async with self._write() as connection:
+            return await self._backend.transition(connection, statement, follow) is not None
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:

@@ -16,15 +16,16 @@ from app.store.types import (
 
 
 class DurableMethods(FencedMethods):
-    async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
+    async def exhaust(
+        self, identity: ClaimIdentity, at: int, error: str, *, status: int | None = None
+    ) -> bool:
         self.require("durable", "exhaust")
-        statement = queries.exhaust(
-            self.table,
-            identity=check_identity(identity),
-            at=validate.millis("at", at),
-            error=validate.text("error", error),
+        identity, at = check_identity(identity), validate.millis("at", at)
+        error, status = validate.text("error", error), validate.status("status", status)
+        statement = queries.exhaust(self.table, identity=identity, at=at, error=error)
+        return await self._ended(
+            statement, identity, at=at, outcome="exhausted", status=status, error=error
         )
-        return await self._changed(statement)
 
     async def due_exhaustions(
         self,
@@ -46,7 +47,7 @@ class DurableMethods(FencedMethods):
         )
         async with self._read() as connection:
             rows = (await connection.execute(statement)).all()
-        return [_exhaustion(row) for row in rows]
+        return [exhaustion_of(row) for row in rows]
 
     async def take_exhaustions(
         self, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
@@ -66,7 +67,7 @@ class DurableMethods(FencedMethods):
         async with self._write() as connection:
             rows = (await connection.execute(statement)).all()
         return sorted(
-            (_exhaustion(row) for row in rows),
+            (exhaustion_of(row) for row in rows),
             key=lambda e: (e.identity.bot, e.identity.update_id),
         )
 
@@ -90,7 +91,7 @@ class DurableMethods(FencedMethods):
         return await self._changed(statement)
 
 
-def _exhaustion(row: Any) -> Exhaustion:
+def exhaustion_of(row: Any) -> Exhaustion:
     return Exhaustion(
         identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
         body=row.body,

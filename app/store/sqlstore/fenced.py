@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.store import chat_order, queries, validate
+from app.store import chat_order, history, queries, validate
 from app.store.engine import translated_errors
 from app.store.schema import Revision
 from app.store.sqlstore.base import BaseMethods
@@ -21,8 +21,16 @@ from app.store.types import (
 
 
 class FencedMethods(BaseMethods):
-    def __init__(self, engine: AsyncEngine, table: str, revision: Revision) -> None:
-        super().__init__(engine, table, revision)
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: str,
+        revision: Revision,
+        *,
+        history: bool = True,
+        worker: str | None = None,
+    ) -> None:
+        super().__init__(engine, table, revision, history=history, worker=worker)
         # Per bot filter: the next chat claim's window and the claims left to skip it
         # (chat_order.next_window).
         self._chat_windows: dict[tuple[str, ...] | None, tuple[int, int]] = {}
@@ -50,10 +58,10 @@ class FencedMethods(BaseMethods):
             durable_exhaustion=durable_exhaustion,
         )
         async with self._write() as connection:
-            row = (await connection.execute(statement)).first()
-        if row is None or row.state != "processing":
+            rows = await self._backend.claim_recorded(connection, statement, now)
+        if not rows or rows[0].state != "processing":
             return None
-        return ClaimIdentity(bot, update_id, row.attempts, row.claim_id)
+        return ClaimIdentity(bot, update_id, rows[0].attempts, rows[0].claim_id)
 
     async def claim_next_owned(
         self,
@@ -189,10 +197,16 @@ class FencedMethods(BaseMethods):
 
     async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
         self.require("fenced", "settle_owned")
-        statement = queries.settle_owned(
-            self.table, identity=check_identity(identity), settlement=check_settlement(settlement)
+        identity, settlement = check_identity(identity), check_settlement(settlement)
+        statement = queries.settle_owned(self.table, identity=identity, settlement=settlement)
+        return await self._ended(
+            statement,
+            identity,
+            at=settlement.at,
+            outcome=history.outcome_of(settlement),
+            status=getattr(settlement, "status", None),
+            error=getattr(settlement, "error", None),
         )
-        return await self._changed(statement)
 
     async def settle_many_owned(
         self,

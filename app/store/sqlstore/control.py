@@ -1,0 +1,470 @@
+"""Operator control (revision 0004): pause and resume, the rate limiter's shared bucket, bulk
+redrive and acknowledgement, park, search, attempt history and the audit log.
+
+Every action writes its audit row in the transaction that acts, so an action and its record
+commit together; a bulk action commits batch by batch and records itself once done.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Table
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.store import control, history, validate
+from app.store.errors import UPGRADE_HINT, SchemaError
+from app.store.sqlstore.core import check_identity
+from app.store.sqlstore.durable import DurableMethods, exhaustion_of
+from app.store.types import (
+    AttemptRecord,
+    AuditEntry,
+    BotControl,
+    BulkOutcome,
+    ClaimIdentity,
+    ExhaustionFilter,
+    SearchCursor,
+    SearchPage,
+    StoredUpdate,
+    UpdateFilter,
+)
+
+BULK_BATCH = 1_000  # rows per transaction of a bulk action
+SAMPLE = 10  # identities a bulk action's answer shows
+SEARCH_WINDOW = 1_000  # rows a body search reads per page, at most
+MAX_REASON = 500
+Selection = ExhaustionFilter | Sequence[ClaimIdentity]
+Progress = Callable[[int], None]
+
+
+class ControlMethods(DurableMethods):
+    # -- tables ------------------------------------------------------------------------------
+
+    def _operator_tables(self, feature: str) -> tuple[Table, Table, Table]:
+        if self.bots_table is None or self.audit_table is None or self.attempts_table is None:
+            raise SchemaError(
+                f"{feature} needs revision 0004 (operator control) but table "
+                f"{self.table.name!r} is at revision {self.revision}; {UPGRADE_HINT}"
+            )
+        return self.bots_table, self.audit_table, self.attempts_table
+
+    async def _record(
+        self,
+        connection: AsyncConnection,
+        *,
+        at: int,
+        by: str,
+        action: str,
+        target: str,
+        detail: dict[str, Any] | None = None,
+        matched: int | None = None,
+        changed: int | None = None,
+    ) -> None:
+        _, audit, _ = self._operator_tables("the audit log")
+        statement = control.record_action(
+            audit,
+            at=at,
+            key_name=by,
+            action=action,
+            target=target,
+            detail=None if detail is None else json.dumps(detail, sort_keys=True),
+            matched=matched,
+            changed=changed,
+        )
+        await connection.execute(statement)
+
+    # -- bot controls ------------------------------------------------------------------------
+
+    async def bot_controls(self, bots: Sequence[str] | None = None) -> list[BotControl]:
+        """The controls of these bots (every bot with a row, when None), in bot order; a bot
+        never paused nor limited has defaults."""
+        table, _, _ = self._operator_tables("bot_controls")
+        names = None if bots is None else [validate.bot_name(bot) for bot in bots]
+        async with self._read() as connection:
+            rows = (await connection.execute(control.bot_controls(table, names))).all()
+        found = {row.bot: _control(row) for row in rows}
+        if names is None:
+            return list(found.values())
+        return [found.get(name, BotControl(name)) for name in sorted(set(names))]
+
+    async def pause(self, bot: str, *, at: int, by: str, reason: str | None = None) -> bool:
+        """Pause `bot`: from this commit no claim of any process starts an attempt for it
+        (attempts in flight finish); its updates are still recorded. True when this call
+        paused it; a bot already paused keeps its first pause (and nothing is recorded)."""
+        table, _, _ = self._operator_tables("pause")
+        bot, at, by = validate.bot_name(bot), validate.millis("at", at), _actor(by)
+        reason = _reason(reason)
+        statement = control.pause(table, self.dialect, bot=bot, at=at, by=by, reason=reason)
+        async with self.transaction() as connection:
+            row = (await connection.execute(statement)).one()
+            paused = bool(row.paused_at == at and row.paused_by == by)
+            if paused:
+                detail = None if reason is None else {"reason": reason}
+                await self._record(
+                    connection, at=at, by=by, action="pause", target=bot, detail=detail
+                )
+        return paused
+
+    async def resume(self, bot: str, *, at: int, by: str) -> bool:
+        """Resume a paused bot and wake the workers of every process; False (nothing
+        recorded) when it was not paused."""
+        table, _, _ = self._operator_tables("resume")
+        bot, at, by = validate.bot_name(bot), validate.millis("at", at), _actor(by)
+        async with self.transaction() as connection:
+            resumed = (await connection.execute(control.resume(table, bot=bot))).first()
+            if resumed is not None:
+                await self._record(connection, at=at, by=by, action="resume", target=bot)
+        if resumed is not None:
+            await self.announce()
+        return resumed is not None
+
+    async def set_rate_limit(self, bot: str, per_second: float | None, *, at: int, by: str) -> None:
+        """At most `per_second` attempts start per second for `bot`, across every process
+        (None lifts the limit). The limit's bucket starts empty."""
+        table, _, _ = self._operator_tables("set_rate_limit")
+        bot, at, by = validate.bot_name(bot), validate.millis("at", at), _actor(by)
+        rate = validate.rate("per_second", per_second)
+        statement = control.set_rate_limit(table, self.dialect, bot=bot, per_second=rate, at=at)
+        async with self.transaction() as connection:
+            await connection.execute(statement)
+            await self._record(
+                connection,
+                at=at,
+                by=by,
+                action="rate_limit",
+                target=bot,
+                detail={"per_second": rate},
+            )
+        if rate is None:
+            await self.announce()
+
+    async def take_tokens(self, bot: str, wanted: int, *, now: int) -> int:
+        """How many of `wanted` attempts of `bot` may start now under its rate limit, taken
+        from the bucket every process shares (all of them when it has no limit). Give back
+        what was not used with `return_tokens`."""
+        table, _, _ = self._operator_tables("take_tokens")
+        bot, now = validate.bot_name(bot), validate.millis("now", now)
+        wanted = validate.positive("wanted", wanted)
+        async with self.transaction() as connection:
+            row = (await connection.execute(control.bucket(table, bot=bot))).first()
+            if row is None:
+                return wanted
+            rate = float(row.rate_per_second)
+            elapsed = max(0, now - int(row.refilled_at))
+            tokens = min(max(rate, 1.0), float(row.tokens) + elapsed * rate / 1000)
+            granted = min(wanted, int(tokens))
+            spend = control.spend_tokens(table, bot=bot, tokens=tokens - granted, at=now)
+            await connection.execute(spend)
+        return granted
+
+    async def return_tokens(self, bot: str, count: int) -> None:
+        """Give back `count` tokens taken by `take_tokens` for attempts that did not start."""
+        table, _, _ = self._operator_tables("return_tokens")
+        statement = control.return_tokens(
+            table, bot=validate.bot_name(bot), count=validate.positive("count", count)
+        )
+        async with self._write() as connection:
+            await connection.execute(statement)
+
+    async def report_breaker(self, bot: str, state: str, *, at: int) -> None:
+        """Record the breaker transition a worker's breaker for `bot` just made."""
+        table, _, _ = self._operator_tables("report_breaker")
+        if state not in ("closed", "open", "half_open"):
+            raise ValueError(f"breaker state {state!r} is not closed, open or half_open")
+        statement = control.report_breaker(
+            table,
+            self.dialect,
+            bot=validate.bot_name(bot),
+            state=state,
+            at=validate.millis("at", at),
+        )
+        async with self._write() as connection:
+            await connection.execute(statement)
+
+    # -- exhaustions in bulk -----------------------------------------------------------------
+
+    def _rule(self, selection: Selection) -> tuple[ColumnElement[bool], dict[str, Any]]:
+        if isinstance(selection, ExhaustionFilter):
+            criteria = {
+                name: getattr(selection, name)
+                for name in selection.__dataclass_fields__
+                if getattr(selection, name) is not None
+            }
+            if "bots" in criteria:
+                criteria["bots"] = list(criteria["bots"])
+            return control.exhaustions_matching(self.table, selection), {"filter": criteria}
+        identities = [check_identity(identity) for identity in selection]
+        keys = [f"{i.bot}/{i.update_id}/{i.attempt}" for i in identities]
+        return control.exhaustions_exactly(self.table, identities), {"identities": keys}
+
+    async def _dry_run(self, rule: ColumnElement[bool]) -> BulkOutcome:
+        async with self._read() as connection:
+            matched = await connection.execute(control.count_exhaustions(self.table, rule))
+            sample = await connection.execute(
+                control.sample_exhaustions(self.table, rule, limit=SAMPLE)
+            )
+            return BulkOutcome(int(matched.scalar_one()), 0, [exhaustion_of(r) for r in sample])
+
+    async def redrive(
+        self,
+        selection: Selection,
+        *,
+        at: int,
+        by: str,
+        dry_run: bool = False,
+        rate_per_second: float | None = None,
+        progress: Progress | None = None,
+    ) -> BulkOutcome:
+        """Deliver the selected open exhaustions again: each becomes a retry with a fresh
+        attempt budget, due from `at` paced at `rate_per_second` in key order (all at once
+        when None), its attempt numbers continuing. A dry run counts exactly what a real run
+        would take now, and changes nothing. `progress` hears the count redriven so far."""
+        self._operator_tables("redrive")
+        at, by = validate.millis("at", at), _actor(by)
+        rate = validate.rate("rate_per_second", rate_per_second)
+        rule, detail = self._rule(selection)
+        if validate.flag("dry_run", dry_run):
+            return await self._dry_run(rule)
+        interval = 0.0 if rate is None else 1000.0 / rate
+        sample = (await self._dry_run(rule)).sample
+        done = 0
+        cursor: tuple[str, int] | None = None
+        while True:
+            statement = control.redrive(
+                self.table,
+                rule,
+                after=cursor,
+                limit=BULK_BATCH,
+                start=at + int(done * interval),
+                interval_ms=interval,
+            )
+            async with self.transaction() as connection:
+                keys = (await connection.execute(statement)).all()
+            done += len(keys)
+            if progress is not None and keys:
+                progress(done)
+            if len(keys) < BULK_BATCH:
+                break
+            cursor = max((row.bot, row.update_id) for row in keys)
+        detail["rate_per_second"] = rate
+        async with self.transaction() as connection:
+            await self._record(
+                connection,
+                at=at,
+                by=by,
+                action="redrive",
+                target=_target(selection),
+                detail=detail,
+                matched=done,
+                changed=done,
+            )
+        if done:
+            await self.announce()
+        return BulkOutcome(done, done, sample)
+
+    async def acknowledge_exhaustions(
+        self,
+        selection: Selection,
+        *,
+        at: int,
+        by: str,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> BulkOutcome:
+        """Acknowledge the selected open exhaustions (each as `acknowledge_exhaustion` does
+        one); a dry run counts exactly what a real run would take now."""
+        self._operator_tables("acknowledge_exhaustions")
+        at, by = validate.millis("at", at), _actor(by)
+        rule, detail = self._rule(selection)
+        if validate.flag("dry_run", dry_run):
+            return await self._dry_run(rule)
+        sample = (await self._dry_run(rule)).sample
+        done = 0
+        cursor: tuple[str, int] | None = None
+        while True:
+            statement = control.acknowledge_exhaustions(
+                self.table, rule, after=cursor, limit=BULK_BATCH, at=at
+            )
+            async with self.transaction() as connection:
+                keys = (await connection.execute(statement)).all()
+            done += len(keys)
+            if progress is not None and keys:
+                progress(done)
+            if len(keys) < BULK_BATCH:
+                break
+            cursor = max((row.bot, row.update_id) for row in keys)
+        async with self.transaction() as connection:
+            await self._record(
+                connection,
+                at=at,
+                by=by,
+                action="acknowledge",
+                target=_target(selection),
+                detail=detail,
+                matched=done,
+                changed=done,
+            )
+        return BulkOutcome(done, done, sample)
+
+    async def park(self, identity: ClaimIdentity, *, at: int, by: str, reason: str) -> bool:
+        """End the attempt of exactly `identity` (leased, live or lapsed, or waiting for its
+        retry) as an exhaustion with `reason`, which unblocks its chat; its late settle is
+        refused as any lost claim's. False (nothing changed) for any other identity."""
+        _, _, attempts = self._operator_tables("park")
+        identity, at, by = check_identity(identity), validate.millis("at", at), _actor(by)
+        text = _reason(reason)
+        if not text:
+            raise ValueError("reason is required to park an update")
+        statement = control.park(self.table, identity=identity, at=at, reason=text)
+        follow = None
+        if self.keeps_history:
+            follow = history.ended(attempts, identity, at=at, outcome="parked", error=text)
+        async with self.transaction() as connection:
+            parked = await self._backend.transition(connection, statement, follow)
+            if parked is not None:
+                await self._record(
+                    connection,
+                    at=at,
+                    by=by,
+                    action="park",
+                    target=f"{identity.bot}/{identity.update_id}",
+                    detail={"attempt": identity.attempt, "reason": text},
+                    matched=1,
+                    changed=1,
+                )
+        if parked is not None:
+            await self.announce()
+        return parked is not None
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def search_updates(
+        self, chosen: UpdateFilter, *, after: SearchCursor | None = None, limit: int = 50
+    ) -> SearchPage:
+        """Rows matching `chosen`, newest first by (received_at, bot, update_id), a page at a
+        time after the cursor. With `contains`, each page reads at most SEARCH_WINDOW rows of
+        the other filters and returns those whose body holds the text: a page may be short,
+        even empty, while `next` says where to go on."""
+        self._operator_tables("search_updates")
+        if not isinstance(chosen, UpdateFilter):
+            raise ValueError(f"{chosen!r} is not an UpdateFilter")
+        limit = validate.positive("limit", limit)
+        if after is not None:
+            after = _cursor(after)
+        window = limit if chosen.contains is None else max(limit, SEARCH_WINDOW)
+        statement = control.search_updates(self.table, chosen, after=after, limit=window)
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+        hits = [row for row in rows if row.hit]
+        if len(hits) >= limit:
+            hits = hits[:limit]
+            last = hits[-1]
+        else:  # the window ran out first: go on after its last row, if it was full
+            last = rows[-1] if len(rows) == window else None
+        cursor = None if last is None else (last.received_at, last.bot, last.update_id)
+        return SearchPage([_summary(row) for row in hits], cursor)
+
+    async def attempt_history(self, bot: str, update_id: int) -> list[AttemptRecord] | None:
+        """Every attempt of the update recorded so far, oldest first; None when no such update
+        is recorded."""
+        _, _, table = self._operator_tables("attempts")
+        bot, update_id = validate.bot_name(bot), validate.update_id(update_id)
+        async with self._read() as connection:
+            row = (
+                await connection.execute(
+                    control.update_state(self.table, bot=bot, update_id=update_id)
+                )
+            ).first()
+            if row is None:
+                return None
+            records = (
+                await connection.execute(history.of_update(table, bot=bot, update_id=update_id))
+            ).all()
+        leased = row.state == "processing"
+        return [
+            AttemptRecord(
+                attempt=record.attempt,
+                claim_id=record.claim_id,
+                started_at=record.started_at,
+                ended_at=record.ended_at,
+                outcome=history.read_end(record, current_attempt=row.attempts, leased=leased),
+                status_code=record.status_code,
+                error=record.error,
+                worker=record.worker,
+            )
+            for record in records
+        ]
+
+    async def audit_log(self, *, after: int | None = None, limit: int = 100) -> list[AuditEntry]:
+        """Operator actions, newest first, a page at a time (`after`: the last id seen)."""
+        _, audit, _ = self._operator_tables("audit_log")
+        limit = validate.positive("limit", limit)
+        if after is not None:
+            after = validate.positive("after", after)
+        async with self._read() as connection:
+            rows = (
+                await connection.execute(control.audit_log(audit, after=after, limit=limit))
+            ).all()
+        return [
+            AuditEntry(
+                id=row.id,
+                at=row.at,
+                key_name=row.key_name,
+                action=row.action,
+                target=row.target,
+                detail=row.detail,
+                matched=row.matched,
+                changed=row.changed,
+            )
+            for row in rows
+        ]
+
+
+def _control(row: Any) -> BotControl:
+    return BotControl(
+        bot=row.bot,
+        paused_at=row.paused_at,
+        paused_by=row.paused_by,
+        paused_reason=row.paused_reason,
+        rate_per_second=row.rate_per_second,
+        breaker=row.breaker,
+        breaker_at=row.breaker_at,
+    )
+
+
+def _summary(row: Any) -> StoredUpdate:
+    return StoredUpdate(**{name: getattr(row, name) for name in control.SUMMARY})
+
+
+def _actor(by: Any) -> str:
+    """The name an action is recorded under: an API key's name, or the CLI's user."""
+    if not isinstance(by, str) or not 0 < len(by) <= 200:
+        raise ValueError(f"by {by!r} is not a name of 1 to 200 characters")
+    return by
+
+
+def _reason(reason: Any) -> str | None:
+    if reason is None:
+        return None
+    reason = validate.text("reason", reason).strip()
+    if len(reason) > MAX_REASON:
+        raise ValueError(f"reason is over {MAX_REASON} characters")
+    return reason or None
+
+
+def _cursor(value: Any) -> SearchCursor:
+    if not isinstance(value, tuple) or len(value) != 3:
+        raise ValueError(f"after {value!r} is not a (received_at, bot, update_id) cursor")
+    return (
+        validate.millis("received_at", value[0]),
+        validate.bot_name(value[1]),
+        validate.update_id(value[2]),
+    )
+
+
+def _target(selection: Selection) -> str:
+    if isinstance(selection, ExhaustionFilter):
+        return "exhaustions" if not selection.bots else ",".join(selection.bots)
+    return ",".join(sorted({identity.bot for identity in selection})) or "exhaustions"
