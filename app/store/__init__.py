@@ -4,32 +4,49 @@ The contract is `app.store.contract`; its SQL is `app.store.queries`; the implem
 SQLAlchemy Core is `app.store.sqlstore`; `app.store.conformance` checks any store against it.
 """
 
-from app.store.contract import DurableUpdateStore, FencedUpdateStore, UpdateStore
+from app.store.contract import (
+    DurableUpdateStore,
+    FencedUpdateStore,
+    OperatorStore,
+    UpdateStore,
+)
 from app.store.errors import SchemaError, StoreBusy, StoreError, StoreUnavailable
 from app.store.schema import DEFAULT_TABLE
 from app.store.sqlstore import SqlUpdateStore, open_store
 from app.store.types import (
     Abandoned,
+    AttemptRecord,
+    AuditEntry,
+    BotControl,
     BotStats,
+    BulkOutcome,
     Capability,
     Claimed,
     ClaimIdentity,
     Completed,
     DueUpdate,
     Exhaustion,
+    ExhaustionFilter,
     Failed,
     HandedBack,
     NewUpdate,
     Ordering,
+    SearchCursor,
+    SearchPage,
     Settlement,
     State,
     StoredUpdate,
+    UpdateFilter,
 )
 
 __all__ = [
     "DEFAULT_TABLE",
     "Abandoned",
+    "AttemptRecord",
+    "AuditEntry",
+    "BotControl",
     "BotStats",
+    "BulkOutcome",
     "Capability",
     "ClaimIdentity",
     "Claimed",
@@ -37,12 +54,16 @@ __all__ = [
     "DueUpdate",
     "DurableUpdateStore",
     "Exhaustion",
+    "ExhaustionFilter",
     "Failed",
     "FencedUpdateStore",
     "HandedBack",
     "NewUpdate",
+    "OperatorStore",
     "Ordering",
     "SchemaError",
+    "SearchCursor",
+    "SearchPage",
     "Settlement",
     "SqlUpdateStore",
     "State",
@@ -50,6 +71,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "StoredUpdate",
+    "UpdateFilter",
     "UpdateStore",
     "open_store",
 ]

@@ -6,7 +6,9 @@ milliseconds passed in by the caller, so every rule is testable without a clock.
 - base (`UpdateStore`): revision 0001 columns only, fenced by attempt number (a table at
   0002 serves this level until upgraded to head).
 - fenced (`FencedUpdateStore`): every transition compares the full `ClaimIdentity`.
-- durable (`DurableUpdateStore`): a terminal failure stays until its exact acknowledgement.
+- durable (`DurableUpdateStore`): a terminal failure stays until its exact acknowledgement;
+  from revision 0004 it includes operator control (`OperatorStore`: pause, rate limits,
+  redrive, park, search, attempt history, the audit log).
 """
 
 from __future__ import annotations
@@ -19,16 +21,24 @@ from typing import Protocol, runtime_checkable
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store.types import (
+    AttemptRecord,
+    AuditEntry,
+    BotControl,
     BotStats,
+    BulkOutcome,
     Capability,
     Claimed,
     ClaimIdentity,
     DueUpdate,
     Exhaustion,
+    ExhaustionFilter,
     NewUpdate,
     Ordering,
+    SearchCursor,
+    SearchPage,
     Settlement,
     StoredUpdate,
+    UpdateFilter,
 )
 
 
@@ -277,8 +287,11 @@ class DurableUpdateStore(FencedUpdateStore, Protocol):
     """Durable level: exhaustions survive until exactly acknowledged, and their delivery to
     `exhaustion_url` is leased across processes."""
 
-    async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
-        """Turn the exact live claim into an unacknowledged exhaustion keeping `error`."""
+    async def exhaust(
+        self, identity: ClaimIdentity, at: int, error: str, *, status: int | None = None
+    ) -> bool:
+        """Turn the exact live claim into an unacknowledged exhaustion keeping `error` (and,
+        for its history, the downstream's HTTP `status`)."""
         ...
 
     async def due_exhaustions(
@@ -309,4 +322,97 @@ class DurableUpdateStore(FencedUpdateStore, Protocol):
     async def acknowledge_exhaustion(self, identity: ClaimIdentity, at: int) -> bool:
         """Acknowledge the exhaustion with exactly this identity; it becomes prunable, settled
         at `at`. False for any other identity or a row that is not an open exhaustion."""
+        ...
+
+
+@runtime_checkable
+class OperatorStore(DurableUpdateStore, Protocol):
+    """Operator control (SPEC section 9), part of the durable level from revision 0004: what
+    an operator sees and does, persisted so that every process on every host honours it. Every
+    action takes `by`, the name it is recorded under in the audit log (an API key's name, never
+    the key), and writes that record in the transaction that acts."""
+
+    async def bot_controls(self, bots: Sequence[str] | None = None) -> list[BotControl]:
+        """The controls of these bots in bot order (defaults for a bot never touched); every
+        bot that has any, when None."""
+        ...
+
+    async def pause(self, bot: str, *, at: int, by: str, reason: str | None = None) -> bool:
+        """From this commit no claim, in any process, starts an attempt of `bot`; its updates
+        are still recorded, attempts in flight finish. True when this call paused it (a bot
+        already paused keeps its first pause, and nothing is recorded)."""
+        ...
+
+    async def resume(self, bot: str, *, at: int, by: str) -> bool:
+        """Lift the pause and wake the workers of every process; False when not paused."""
+        ...
+
+    async def set_rate_limit(self, bot: str, per_second: float | None, *, at: int, by: str) -> None:
+        """At most `per_second` attempts of `bot` start per second across every process
+        (None: no limit). The limit's bucket starts empty."""
+        ...
+
+    async def take_tokens(self, bot: str, wanted: int, *, now: int) -> int:
+        """How many of `wanted` attempts of `bot` may start now, taken from the bucket that
+        every process shares (refilled at the rate, holding a second's worth and at least
+        one); `wanted` when the bot has no limit."""
+        ...
+
+    async def return_tokens(self, bot: str, count: int) -> None:
+        """Give back tokens taken for attempts that did not start."""
+        ...
+
+    async def report_breaker(self, bot: str, state: str, *, at: int) -> None:
+        """Record a worker's breaker transition for `bot` (closed, open or half_open)."""
+        ...
+
+    async def redrive(
+        self,
+        selection: ExhaustionFilter | Sequence[ClaimIdentity],
+        *,
+        at: int,
+        by: str,
+        dry_run: bool = False,
+        rate_per_second: float | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> BulkOutcome:
+        """Deliver the selected open exhaustions (by filter, or by exact identities) again:
+        each stops being an exhaustion and becomes a retry with a fresh attempt budget, due
+        from `at`, paced at `rate_per_second` in key order; its attempt numbers continue, so
+        no earlier identity matches again. A dry run counts exactly what a real run would
+        take now, with a sample, and changes nothing."""
+        ...
+
+    async def acknowledge_exhaustions(
+        self,
+        selection: ExhaustionFilter | Sequence[ClaimIdentity],
+        *,
+        at: int,
+        by: str,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> BulkOutcome:
+        """`acknowledge_exhaustion` of every selected open exhaustion; a dry run counts
+        exactly what a real run would take now."""
+        ...
+
+    async def park(self, identity: ClaimIdentity, *, at: int, by: str, reason: str) -> bool:
+        """End the attempt of exactly `identity` (leased, or waiting for its retry) as an
+        exhaustion with `reason`: its chat moves on, and its late settle is refused."""
+        ...
+
+    async def search_updates(
+        self, chosen: UpdateFilter, *, after: SearchCursor | None = None, limit: int = 50
+    ) -> SearchPage:
+        """Rows matching `chosen`, newest first by (received_at, bot, update_id), a page at a
+        time after the cursor; pages neither skip nor repeat a row."""
+        ...
+
+    async def attempt_history(self, bot: str, update_id: int) -> list[AttemptRecord] | None:
+        """Every attempt of the update, oldest first, kept as long as its row; None when no
+        such update is recorded."""
+        ...
+
+    async def audit_log(self, *, after: int | None = None, limit: int = 100) -> list[AuditEntry]:
+        """Operator actions, newest first (`after`: the last id of the previous page)."""
         ...

@@ -7,6 +7,7 @@ replaces exactly one method with a plausible wrong version.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 from unittest import mock
@@ -14,14 +15,20 @@ from unittest import mock
 from sqlalchemy import Select, Table, false, select, update
 
 from app.store import (
+    BotControl,
+    BulkOutcome,
     Claimed,
     ClaimIdentity,
     Exhaustion,
+    ExhaustionFilter,
     Failed,
     HandedBack,
     NewUpdate,
+    SearchCursor,
+    SearchPage,
     Settlement,
     SqlUpdateStore,
+    UpdateFilter,
     chat_order,
     predicates,
     queries,
@@ -354,4 +361,147 @@ class RenewedLeasesTakeTheLast(SqlUpdateStore):
 
 CONTROLS[RenewedLeasesTakeTheLast] = (
     "a batch of renewals extends each exact live lease, never shortening one"
+)
+
+
+# -- operator control (revision 0004) -----------------------------------------------------------
+
+
+class PauseIsLocal(SqlUpdateStore):
+    """A pause this process keeps to itself: it reports the bot paused, but the claims (of any
+    process) never hear of it."""
+
+    def __init__(self, *arguments: Any, **options: Any) -> None:
+        super().__init__(*arguments, **options)
+        self.paused: dict[str, tuple[int, str, str | None]] = {}
+
+    async def pause(self, bot: str, *, at: int, by: str, reason: str | None = None) -> bool:
+        if bot in self.paused:
+            return False
+        self.paused[bot] = (at, by, reason)
+        return True
+
+    async def bot_controls(self, bots: Sequence[str] | None = None) -> list[BotControl]:
+        controls = await super().bot_controls(bots)
+        return [
+            dataclasses.replace(c, paused_at=p[0], paused_by=p[1], paused_reason=p[2])
+            if (p := self.paused.get(c.bot))
+            else c
+            for c in controls
+        ]
+
+
+CONTROLS[PauseIsLocal] = "a paused bot's updates are recorded but not claimed until it resumes"
+
+
+class BucketNeverEmpties(SqlUpdateStore):
+    """A rate limit that is set and shown but never spends: every attempt may start."""
+
+    async def take_tokens(self, bot: str, wanted: int, *, now: int) -> int:
+        return wanted
+
+
+CONTROLS[BucketNeverEmpties] = (
+    "the rate limit's bucket starts empty, refills at its rate and holds a second"
+)
+
+
+class RedriveKeepsTheBudget(SqlUpdateStore):
+    """A redrive that makes the rows due again but leaves their spent budget as it was: the
+    next claim finds it spent."""
+
+    async def redrive(self, selection: Any, **arguments: Any) -> BulkOutcome:
+        done = await super().redrive(selection, **arguments)
+        t = self.table
+        async with self._write() as connection:
+            await connection.execute(update(t).where(t.c.state == "failed").values(uncounted=0))
+        return done
+
+
+CONTROLS[RedriveKeepsTheBudget] = (
+    "redrive takes what its dry run counted and no earlier identity matches again"
+)
+
+
+class RedriveIgnoresIdentities(SqlUpdateStore):
+    """A redrive by identities that takes every open exhaustion of their bots."""
+
+    async def redrive(self, selection: Any, **arguments: Any) -> BulkOutcome:
+        if not isinstance(selection, ExhaustionFilter) and selection:
+            bots = tuple(sorted({identity.bot for identity in selection}))
+            selection = ExhaustionFilter(bots=bots)
+        return await super().redrive(selection, **arguments)
+
+
+CONTROLS[RedriveIgnoresIdentities] = "redrive by identities takes exactly those, paced in key order"
+
+
+class AcknowledgeIgnoresChat(SqlUpdateStore):
+    """A bulk acknowledgement whose filter drops the chat."""
+
+    async def acknowledge_exhaustions(self, selection: Any, **arguments: Any) -> BulkOutcome:
+        if isinstance(selection, ExhaustionFilter):
+            selection = dataclasses.replace(selection, chat=None)
+        return await super().acknowledge_exhaustions(selection, **arguments)
+
+
+CONTROLS[AcknowledgeIgnoresChat] = (
+    "acknowledge by filter takes what its dry run counted, by every criterion"
+)
+
+
+class ParkTakesTheCurrentAttempt(SqlUpdateStore):
+    """A park that ends whatever attempt the row holds now, whichever identity it was given."""
+
+    async def park(self, identity: ClaimIdentity, *, at: int, by: str, reason: str) -> bool:
+        row = await self.get_update(identity.bot, identity.update_id)
+        if row is None or row.claim_id is None:
+            return False
+        current = ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id)
+        return await super().park(current, at=at, by=by, reason=reason)
+
+
+CONTROLS[ParkTakesTheCurrentAttempt] = (
+    "park ends exactly its identity's attempt as an exhaustion and frees its chat"
+)
+
+
+class PruneKeepsHistory(SqlUpdateStore):
+    """A prune that deletes the updates and leaves their attempts behind: a key recorded again
+    shows attempts it never had."""
+
+    async def prune(self, before: int) -> int:
+        with mock.patch.object(self, "attempts_table", None):
+            return await super().prune(before)
+
+
+CONTROLS[PruneKeepsHistory] = "every attempt is recorded with how it ended, as long as its row"
+
+
+class SearchCursorByTimeOnly(SqlUpdateStore):
+    """Search pages that go on strictly after the last row's time: rows received in the same
+    millisecond as a page's last one are skipped."""
+
+    async def search_updates(
+        self, chosen: UpdateFilter, *, after: SearchCursor | None = None, limit: int = 50
+    ) -> SearchPage:
+        if after is not None:
+            after = (after[0], "0", 0)
+        return await super().search_updates(chosen, after=after, limit=limit)
+
+
+CONTROLS[SearchCursorByTimeOnly] = (
+    "search finds rows by every filter, newest first, paging without gaps"
+)
+
+
+class AuditForgetsTheKey(SqlUpdateStore):
+    """An audit log that records every action under one name, whoever acted."""
+
+    async def _record(self, connection: Any, **entry: Any) -> None:
+        await super()._record(connection, **{**entry, "by": "operator"})
+
+
+CONTROLS[AuditForgetsTheKey] = (
+    "every operator action is in the audit log under its key's name, newest first"
 )

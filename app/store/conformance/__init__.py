@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from app.store.conformance import claims, exhaustions, records, settles  # noqa: F401 (they register)
+from app.store.conformance import (  # noqa: F401 (they register)
+    claims,
+    control,
+    exhaustions,
+    records,
+    settles,
+)
 from app.store.conformance._core import _LEVELS, _REGISTERED, BOT, MAX, OTHER_BOT, Rule, _Findings
 from app.store.contract import UpdateStore
 
@@ -22,7 +28,8 @@ MakeStore = Callable[[], Awaitable[UpdateStore]]
 
 # One module per method family registers its rules, each with its name and level: `records`
 # (add, add_many, due, prune), `claims` (claim, renew, claim_owned, claim_next_owned), `settles`
-# (settle, settle_owned, settle_many_owned, owns) and `exhaustions` (the durable level). They
+# (settle, settle_owned, settle_many_owned, owns), `exhaustions` (the durable level) and
+# `control` (operator control, the durable level from revision 0004). They
 # run level by level, each level's families in the order imported above.
 _RULES = sorted(
     ((name, level, rule) for rule, (name, level) in _REGISTERED.items()),
