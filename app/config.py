@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import ipaddress
 import os
 import re
@@ -57,7 +58,9 @@ DEFAULT_DEADLINES = {
     "pre_checkout_query": 10.0,
 }
 Networks = Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], NoDecode]
-Scope = Literal["callback", "operations"]
+# `viewer` reads (GET routes, the console's pages); `operator` also acts (pause, redrive, park,
+# acknowledge...); `operations` is what `operator` was called before operator control, kept.
+Scope = Literal["callback", "viewer", "operator", "operations"]
 # Long enough that guessing is hopeless, and free of what would split a list or a header.
 API_KEY_PATTERN = r"^[A-Za-z0-9._~+/=-]{16,256}$"
 
@@ -169,15 +172,33 @@ class BotSettings(BotOptions):
 
 
 class ApiKey(BaseModel):
-    """A bearer key for `/v1/*`: every bot and both scopes unless limited. `callback` covers
-    what a downstream calls (owns, renew, settle, acknowledge); `operations` covers the rest
-    (exhaustions, updates, stats; acknowledge too)."""
+    """A bearer key for `/v1/*`: every bot and every scope unless limited. `callback` covers
+    what a downstream calls (owns, renew, settle, acknowledge); `viewer` reads the rest
+    (exhaustions, updates, bots, stats, the audit log); `operator` (or its older name
+    `operations`) also acts. `name` is what the audit log records (never the key); without
+    one, a name is derived from a hash of the key."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     key: SecretStr
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._@+-]{0,63}$")
     bots: tuple[str, ...] | None = None  # None: every bot
     scopes: tuple[Scope, ...] = ("callback", "operations")
+
+    @property
+    def label(self) -> str:
+        """The key's name in the audit log and the console: never the key itself."""
+        if self.name is not None:
+            return self.name
+        digest = hashlib.sha256(self.key.get_secret_value().encode()).hexdigest()
+        return f"key-{digest[:8]}"
+
+    def may(self, scope: Scope) -> bool:
+        """Whether this key holds `scope`: `operator` (or `operations`) includes `viewer`."""
+        held = set(self.scopes)
+        if held & {"operator", "operations"}:
+            held |= {"operator", "operations", "viewer"}
+        return scope in held
 
     @field_validator("key")
     @classmethod
@@ -354,6 +375,11 @@ class Settings(BaseSettings, BotOptions):
         keys = [api_key.key.get_secret_value() for api_key in self.api_keys]
         if len(set(keys)) != len(keys):
             raise ValueError("api_keys: a key appears more than once")
+        labels = [api_key.label for api_key in self.api_keys]
+        if len(set(labels)) != len(labels):
+            raise ValueError(
+                "api_keys: a name appears more than once (the audit log tells keys by it)"
+            )
         return self
 
     def bot(self, name: str) -> BotSettings | None:

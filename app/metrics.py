@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.config import Settings
-from app.store import BotStats, DurableUpdateStore, StoreError
+from app.store import BotStats, OperatorStore, StoreError
 from app.store.types import STATES
 
 __all__ = [
@@ -277,14 +277,14 @@ class DatabaseStats(Collector):
         self._bots = tuple(bots)
         self._cache_seconds = cache_seconds
         self._timeout_seconds = timeout_seconds
-        self._store: DurableUpdateStore | None = None
+        self._store: OperatorStore | None = None
         self._now: Callable[[], int] = lambda: time.time_ns() // 1_000_000
         self._rows: list[BotStats] | None = None  # None: the last query failed
         self._query_seconds = 0.0
         self._taken_at = -math.inf  # monotonic
         self._query: asyncio.Task[tuple[list[BotStats], float]] | None = None
 
-    def watch(self, store: DurableUpdateStore, now: Callable[[], int]) -> None:
+    def watch(self, store: OperatorStore, now: Callable[[], int]) -> None:
         """Report on `store`; `now` is epoch ms by the clock the rows' times are by."""
         self._store, self._now = store, now
         self._rows, self._taken_at = None, -math.inf
@@ -398,7 +398,7 @@ def _by_bot(stats: Iterable[BotStats], bots: tuple[str, ...]) -> dict[str, _Coun
     return merged
 
 
-async def _timed_stats(store: DurableUpdateStore) -> tuple[list[BotStats], float]:
+async def _timed_stats(store: OperatorStore) -> tuple[list[BotStats], float]:
     started = time.perf_counter()
     rows = await store.stats()
     return rows, time.perf_counter() - started

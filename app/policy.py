@@ -30,6 +30,7 @@ class Outcome:
     kind: Kind
     error: str | None = None
     retry_after: float | None = None  # seconds the downstream asked us to wait
+    status: int | None = None  # the downstream's HTTP status; None when none came
 
     @property
     def downstream_failed(self) -> bool:
@@ -40,16 +41,17 @@ class Outcome:
 def classify(response: httpx.Response) -> Outcome:
     status = response.status_code
     if status == 202:
-        return Outcome("deferred")
+        return Outcome("deferred", status=status)
     if 200 <= status < 300:
-        return Outcome("completed")
+        return Outcome("completed", status=status)
     error = f"HTTP {status}"
     detail = _detail(response)
     if detail:
         error = f"{error}: {detail}"
     if 400 <= status < 500 and status not in RETRYABLE_4XX:
-        return Outcome("terminal", error)
-    return Outcome("retry", error, retry_after(response.headers.get("retry-after")))
+        return Outcome("terminal", error, status=status)
+    delay = retry_after(response.headers.get("retry-after"))
+    return Outcome("retry", error, delay, status=status if 100 <= status <= 599 else None)
 
 
 def classify_error(error: httpx.HTTPError) -> Outcome:

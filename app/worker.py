@@ -25,7 +25,7 @@ from app.heap import freeze_after_startup
 from app.http.guard import install_guard
 from app.http.server import ConnectionLimits, server_config
 from app.metrics import Metrics
-from app.store import DurableUpdateStore, open_store
+from app.store import OperatorStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ async def run_worker(settings: Settings) -> None:
 
 
 def health_app(
-    settings: Settings, store: DurableUpdateStore, dispatcher: Dispatcher, metrics: Metrics
+    settings: Settings, store: OperatorStore, dispatcher: Dispatcher, metrics: Metrics
 ) -> FastAPI:
     """/healthz, /readyz and /metrics of a worker process."""
     app = FastAPI(
@@ -96,7 +96,7 @@ class _Server(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def _serving(
-    settings: Settings, store: DurableUpdateStore, dispatcher: Dispatcher, metrics: Metrics
+    settings: Settings, store: OperatorStore, dispatcher: Dispatcher, metrics: Metrics
 ) -> AsyncIterator[None]:
     if settings.worker_port is None:
         yield

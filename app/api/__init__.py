@@ -1,5 +1,6 @@
-"""The `/v1` API: the callback routes a downstream calls (`claims`) and the operations routes
-(`operations`), both behind bearer keys (`deps`). Errors answer `{"error": "..."}`."""
+"""The `/v1` API: the callback routes a downstream calls (`claims`), the operations reads
+(`operations`) and operator control (`control`), all behind bearer keys (`deps`). Errors
+answer `{"error": "..."}`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Mapping
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from app.api import claims, operations
+from app.api import claims, control, operations
 from app.api.deps import Credentials, Services, authenticated
 from app.api.errors import install_errors
 from app.api.lean import LeanHandler, lean_handlers
@@ -27,6 +28,7 @@ def install(app: FastAPI) -> None:
     app.include_router(claims.callbacks)
     app.include_router(claims.router)
     app.include_router(operations.router)
+    app.include_router(control.router)
     install_errors(app)
 
     @app.get("/openapi.json", include_in_schema=False)

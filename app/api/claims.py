@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Response
 
-from app.api.deps import REFUSALS, Callback, CallbackOrOperations, Grant, StrictJsonRoute
+from app.api.control import BulkAnswer, BulkRequest, acknowledge_in_bulk
+from app.api.deps import REFUSALS, Callback, CallbackOrOperator, Grant, StrictJsonRoute
 from app.api.lean import LeanRoute
 from app.config import BotSettings
 from app.kit.wire import (
@@ -108,8 +109,15 @@ async def settle(request: SettleRequest, grant: Callback) -> Settled:
 
 
 @router.post("/exhaustions/acknowledge", tags=["operations"])
-async def acknowledge(identity: Identity, grant: CallbackOrOperations) -> Acknowledged:
-    """Acknowledge the exhaustion with exactly this identity: it becomes prunable."""
+async def acknowledge(
+    request: Identity | BulkRequest, grant: CallbackOrOperator
+) -> Acknowledged | BulkAnswer:
+    """Acknowledge the exhaustion with exactly this identity: it becomes prunable. Or, with an
+    operator key, every open exhaustion a `filter` or a list of `identities` selects (a dry
+    run counts them and changes nothing): `{"matched", "changed", "sample"}`."""
+    if isinstance(request, BulkRequest):
+        return await acknowledge_in_bulk(request, grant)
+    identity = request
     grant.allow(identity.bot)  # a bot no longer configured may still have exhaustions
     claim = _identity(identity)
     services = grant.services

@@ -1,8 +1,8 @@
 """What every `/v1` route depends on: the bearer key that grants it, and the service's parts.
 
 Keys come from `INTAKE_API_KEYS` (full access) or `[[api_keys]]` tables (limited to some bots
-and to `callback` or `operations` use). A request without a valid key is 401, from the request
-guard (`app.http.guard`) before its body is read; the guard leaves the key it found in the
+and to `callback`, `viewer` or `operator` use). A request without a valid key is 401, from the
+request guard (`app.http.guard`) before its body is read; the guard leaves the key it found in the
 scope, under `API_KEY_SCOPE` (`app.http.keys`, which compares keys in constant time). A valid
 key used outside its bots or scope is 403.
 """
@@ -22,7 +22,7 @@ from app.config import ApiKey, BotSettings, Scope, Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED
 from app.http.strict_json import NotJson, read_json
 from app.kit.wire import Problem
-from app.store import ClaimIdentity, DurableUpdateStore
+from app.store import ClaimIdentity, OperatorStore
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -37,7 +37,7 @@ class Services:
     """The parts of the running service the API works with."""
 
     settings: Settings
-    store: DurableUpdateStore
+    store: OperatorStore
     now: Callable[[], int]  # epoch ms by the database clock
     wake: Callable[[], Awaitable[None]]  # tell the workers a row changed
     # Concurrent owns share a read and renews a write; None: a statement each.
@@ -106,7 +106,7 @@ class Granted:
 
     def grant(self, request: Request) -> Grant:
         key = authenticated(request, None)
-        if not self.scopes & set(key.scopes):
+        if not any(key.may(scope) for scope in self.scopes):
             raise HTTPException(403, self._lacking)
         return Grant(key, request.app.state.services)
 
@@ -150,5 +150,6 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
 }
 
 Callback = Annotated[Grant, Depends(Granted("callback"))]
-Operations = Annotated[Grant, Depends(Granted("operations"))]
-CallbackOrOperations = Annotated[Grant, Depends(Granted("callback", "operations"))]
+Viewer = Annotated[Grant, Depends(Granted("viewer"))]
+Operator = Annotated[Grant, Depends(Granted("operator"))]
+CallbackOrOperator = Annotated[Grant, Depends(Granted("callback", "operator"))]

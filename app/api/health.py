@@ -7,15 +7,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from app.api.deps import REFUSALS, Operations
+from app.api.deps import REFUSALS, Viewer
 from app.config import Settings
 from app.metrics import CONTENT_TYPE, Metrics
-from app.store import DurableUpdateStore, SchemaError, StoreError
+from app.store import OperatorStore, SchemaError, StoreError
 
 router = APIRouter(tags=["operations"])
 
 
-def check_capability(settings: Settings, store: DurableUpdateStore) -> None:
+def check_capability(settings: Settings, store: OperatorStore) -> None:
     """Refuse to serve a bot whose mode the live schema cannot carry."""
     for bot in settings.bots:
         store.require(bot.capability, bot.needs)
@@ -35,7 +35,7 @@ async def healthz(request: Request) -> JSONResponse:
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     """The database answers and its schema serves every configured bot's mode."""
-    store: DurableUpdateStore = request.app.state.store
+    store: OperatorStore = request.app.state.store
     try:
         await store.ping()
         check_capability(request.app.state.settings, store)
@@ -55,7 +55,7 @@ async def readyz(request: Request) -> JSONResponse:
         **{status: REFUSALS[status] for status in (401, 403)},
     },
 )
-async def metrics_text(request: Request, grant: Operations) -> Response:
+async def metrics_text(request: Request, grant: Viewer) -> Response:
     """Prometheus metrics (docs/operations.md), for a key with the `operations` scope;
     a key limited to some bots sees only their series. Database errors never fail it:
     `telegram_intake_database_up` is 0 instead."""

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
-from app.api.deps import REFUSALS, Operations, StrictJsonRoute
+from app.api.deps import REFUSALS, StrictJsonRoute, Viewer
 from app.kit.wire import (
     BOT_PATTERN,
     MAX_BIGINT,
@@ -33,7 +33,7 @@ CURSOR_PATTERN = BOT_PATTERN.removesuffix("$") + r":[0-9]{1,19}$"
 
 @router.get("/exhaustions")
 async def exhaustions(
-    grant: Operations,
+    grant: Viewer,
     bot: Annotated[str | None, Query(pattern=BOT_PATTERN)] = None,
     after: Annotated[
         str | None,
@@ -69,7 +69,7 @@ async def exhaustions(
 
 @router.get("/updates/{bot}/{update_id}")
 async def get_update(
-    grant: Operations,
+    grant: Viewer,
     bot: Annotated[str, Path(pattern=BOT_PATTERN)],
     update_id: Annotated[int, Path(ge=0, le=MAX_BIGINT)],
 ) -> UpdateView:
@@ -82,7 +82,7 @@ async def get_update(
 
 
 @router.get("/stats")
-async def stats(grant: Operations) -> Stats:
+async def stats(grant: Viewer) -> Stats:
     """Rows by bot and state, the oldest undelivered row's age, open exhaustions."""
     services = grant.services
     allowed = grant.bots(None)

@@ -2,7 +2,9 @@
 
 - `app.cli.service`: run, serve, worker, migrate, demo-downstream;
 - `app.cli.telegram`: set-webhook, webhook-info (the Bot API);
-- `app.cli.operations`: exhaustions list|ack, stats, send.
+- `app.cli.operations`: exhaustions list, stats, send;
+- `app.cli.control`: operator control: bots, pause, resume, rate-limit, updates, attempts,
+  park, audit, exhaustions redrive|ack.
 
 Every handler takes the validated settings and the parsed arguments and returns the exit code:
 0 done, 1 the operation failed (Telegram refused, nothing matched), 2 bad configuration.
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from app import logs
-from app.cli import operations, service, telegram
+from app.cli import control, operations, service, telegram
 from app.cli.service import Handler, run_loop
 from app.config import Settings, describe
 
@@ -34,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     service.add_commands(commands)
     telegram.add_commands(commands)
-    operations.add_commands(commands)
+    exhaustions = operations.add_commands(commands)
+    control.add_exhaustion_actions(exhaustions)
+    control.add_commands(commands)
     return parser
 
 

@@ -1,6 +1,6 @@
-"""Commands for operators: exhaustions list|ack and stats read and write the database the
-service uses (INTAKE_DATABASE_URL), so they work whether the service runs or not; send
-posts updates to a running intake, as Telegram would."""
+"""Commands for operators: exhaustions list and stats read the database the service uses
+(INTAKE_DATABASE_URL), so they work whether the service runs or not; send posts updates to a
+running intake, as Telegram would. Operator control's commands are `app.cli.control`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import httpx
 
 from app.cli.service import Commands
 from app.config import Settings
-from app.store import ClaimIdentity, DurableUpdateStore, StoreError, open_store, validate
+from app.store import OperatorStore, StoreError, open_store, validate
 from app.store.types import STATES
 
 
@@ -48,7 +48,7 @@ def _age(ms: int | None) -> str:
     return f"{seconds:.1f}s"
 
 
-async def _with_store(settings: Settings) -> DurableUpdateStore:
+async def _with_store(settings: Settings) -> OperatorStore:
     return await open_store(
         settings.database_url,
         table=settings.table,
@@ -84,7 +84,7 @@ def _parse_cursor(value: str) -> tuple[str, int]:
 
 
 def _exhaustions_list(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: DurableUpdateStore) -> int:
+    async def work(store: OperatorStore) -> int:
         rows = []
         after = args.after
         while True:
@@ -125,30 +125,8 @@ def _exhaustions_list(settings: Settings, args: argparse.Namespace) -> int:
     return _run(settings, work)
 
 
-def _exhaustions_ack(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        identity = ClaimIdentity(args.bot, args.update_id, args.attempt, args.claim_id)
-    except ValueError as error:
-        print(f"not an identity: {error}", file=sys.stderr)
-        return 2
-
-    async def work(store: DurableUpdateStore) -> int:
-        now = await store.database_time()
-        if await store.acknowledge_exhaustion(identity, now):
-            print(f"acknowledged {identity.bot}:{identity.update_id} attempt {identity.attempt}")
-            return 0
-        print(
-            "no open exhaustion has exactly this identity (already acknowledged, or a field "
-            "differs: see `telegram-intake exhaustions list`)",
-            file=sys.stderr,
-        )
-        return 1
-
-    return _run(settings, work)
-
-
 def _stats(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: DurableUpdateStore) -> int:
+    async def work(store: OperatorStore) -> int:
         now = await store.database_time()
         rows = await store.stats()
         if args.json:
@@ -257,11 +235,12 @@ def _send(settings: Settings, args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def add_commands(commands: Commands) -> None:
-    """exhaustions list|ack, stats, send."""
+def add_commands(commands: Commands) -> Any:
+    """exhaustions list, stats, send; the `exhaustions` actions, for `app.cli.control` to add
+    redrive and ack to."""
     exhaustions = commands.add_parser(
         "exhaustions",
-        help="list open exhaustions, or acknowledge one by its exact identity",
+        help="list open exhaustions; redrive or acknowledge them by filter or identity",
         description="Exhaustions are updates whose delivery ended for good; each stays until "
         "acknowledged. Example: telegram-intake exhaustions list --bot shop",
     )
@@ -276,17 +255,6 @@ def add_commands(commands: Commands) -> None:
     listing.add_argument("--limit", type=int, default=50, help="rows per page (default 50)")
     listing.add_argument("--all", action="store_true", help="every page, with progress")
     listing.set_defaults(handler=_exhaustions_list)
-    ack = actions.add_parser(
-        "ack",
-        help="acknowledge one exhaustion: it becomes prunable",
-        description="All four fields must match. Example: telegram-intake exhaustions ack shop "
-        "123456 8 0f9c3e9e-8a53-4c39-9d5e-2d6f3c1b7a10",
-    )
-    ack.add_argument("bot")
-    ack.add_argument("update_id", type=int)
-    ack.add_argument("attempt", type=int)
-    ack.add_argument("claim_id")
-    ack.set_defaults(handler=_exhaustions_ack)
     stats = commands.add_parser(
         "stats",
         help="rows by bot and state, open exhaustions, the oldest undelivered update's age",
@@ -305,3 +273,4 @@ def add_commands(commands: Commands) -> None:
     send.add_argument("file", help="a file, or - for standard input")
     send.add_argument("--url", help="the intake (default: http://INTAKE_HOST:INTAKE_PORT)")
     send.set_defaults(handler=_send)
+    return actions

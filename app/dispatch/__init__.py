@@ -19,14 +19,14 @@ from app.config import Settings
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.forward import open_transport
 from app.metrics import Metrics
-from app.store import DurableUpdateStore
+from app.store import OperatorStore
 
 __all__ = ["Dispatcher", "open_transport", "running_dispatcher"]
 
 
 @asynccontextmanager
 async def running_dispatcher(
-    store: DurableUpdateStore,
+    store: OperatorStore,
     settings: Settings,
     transport: httpx.AsyncBaseTransport | None = None,
     metrics: Metrics | None = None,

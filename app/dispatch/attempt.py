@@ -44,6 +44,10 @@ class Lane:
         meters.in_flight.set_function(lambda: self.in_flight)  # read when scraped
         # The last claim took all it asked for, or the bot is at its limit: more may be due.
         self.saturated = False
+        # Operator control: the bot's rate limit as last read, and whether the last claim
+        # found its bucket short of what it wanted.
+        self.rate_per_second: float | None = None
+        self.throttled = False
 
 
 @dataclass(eq=False, slots=True)

@@ -35,6 +35,8 @@ class Breaker:
         self._failures = 0
         self._opened_at: float | None = None
         self._probing = False
+        # Told "open" as the breaker opens and "closed" as it closes again (the bot's row).
+        self.on_change: Callable[[str], None] = lambda _: None
 
     def _monotonic(self) -> float:
         return self._monotonic_ns() / 1_000_000_000
@@ -80,6 +82,7 @@ class Breaker:
         if not failed:
             if self._opened_at is not None:
                 log.info("downstream of bot %r answers again: breaker closed", self._name)
+                self.on_change("closed")
             self._failures, self._opened_at, self._probing = 0, None, False
             return
         self._failures += 1
@@ -91,5 +94,7 @@ class Breaker:
                     self._failures,
                     self._cooldown,
                 )
+                if self._opened_at is None:
+                    self.on_change("open")
             self._opened_at = self._monotonic()
             self._probing = False

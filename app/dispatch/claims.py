@@ -10,21 +10,30 @@ may unblock its chat), or by the poll interval.
 
 Each claimed row becomes an `Attempt` run as a task by the `AttemptRunner`; its end is
 counted, by bot and outcome, as the task finishes.
+
+Operator control: a paused bot's claims take nothing (the claim statement itself checks the
+pause, so it binds at once, in every process). A bot with a rate limit takes its tokens from
+the bucket every process shares before it claims, and gives back what the claim did not use:
+a throttled update is never claimed, so it spends no attempt. Which bots have a limit is read
+once a second (`CONTROLS_SECONDS`); the breaker's transitions are reported to the bot's row.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from app.dispatch.attempt import Attempt, Lane
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.runner import AttemptRunner
 from app.logs import AttemptLog
-from app.store import Claimed, ClaimIdentity, DurableUpdateStore, StoreError
+from app.store import Claimed, ClaimIdentity, OperatorStore, SchemaError, StoreError
 
 log = logging.getLogger(__name__)
+CONTROLS_SECONDS = 1.0  # how often the loop reads which bots have a rate limit
+THROTTLED_SECONDS = 0.05  # the least a throttled bot waits for tokens: not a claim per token
 
 # A plain bot's attempts have no claim_id (revision 0001); this stands in, never sent or stored.
 PLAIN_CLAIM = "(plain)"
@@ -36,7 +45,7 @@ class ClaimLoop:
 
     def __init__(
         self,
-        store: DurableUpdateStore,
+        store: OperatorStore,
         clock: DatabaseClock,
         lanes: Sequence[Lane],
         runner: AttemptRunner,
@@ -62,6 +71,23 @@ class ClaimLoop:
         self.in_flight = 0
         self.passes = 0  # turns that looked at every lane without failing: chances to claim
         self._stopping = False
+        self._controls_read = -CONTROLS_SECONDS  # monotonic seconds; -: never yet
+        self._controls = True  # the table has revision 0004's controls
+
+    async def _read_controls(self) -> None:
+        """Which bots have a rate limit, once a second: a new limit binds within about that."""
+        now = time.monotonic()
+        if not self._controls or now - self._controls_read < CONTROLS_SECONDS:
+            return
+        self._controls_read = now
+        try:
+            controls = await self._store.bot_controls([lane.name for lane in self._lanes])
+        except SchemaError:
+            self._controls = False  # a table below 0004: plain bots only, nothing to read
+            return
+        rates = {control.bot: control.rate_per_second for control in controls}
+        for lane in self._lanes:
+            lane.rate_per_second = rates.get(lane.name)
 
     def stop(self) -> None:
         """Claim no more; `run` returns."""
@@ -74,6 +100,10 @@ class ClaimLoop:
         while not self._stopping:
             self._beat()
             self._wake.clear()
+            try:
+                await self._read_controls()
+            except StoreError as error:
+                log.warning("reading the bots' controls failed: %s", error)
             if self._capacity - self.in_flight < self._refill:
                 await wait_or_timeout(self._wake, self._poll)
                 continue
@@ -124,10 +154,31 @@ class ClaimLoop:
 
     def _idle_seconds(self) -> float:
         probes = [lane.breaker.seconds_until_probe() for lane in self._lanes]
-        return min([self._poll, *(seconds for seconds in probes if seconds is not None)])
+        tokens = [
+            1 / lane.rate_per_second
+            for lane in self._lanes
+            if lane.throttled and lane.rate_per_second
+        ]
+        return min([self._poll, *(seconds for seconds in probes if seconds is not None), *tokens])
 
     async def _claim(self, lane: Lane, wanted: int) -> int:
         now = self._clock.now()
+        lane.throttled = False
+        if lane.rate_per_second is None:
+            return await self._claim_now(lane, wanted, now)
+        granted = await self._store.take_tokens(lane.name, wanted, now=now)
+        lane.throttled = granted < wanted
+        if granted == 0:
+            return 0
+        started = 0
+        try:
+            started = await self._claim_now(lane, granted, now)
+        finally:
+            if started < granted:
+                await self._store.return_tokens(lane.name, granted - started)
+        return started
+
+    async def _claim_now(self, lane: Lane, wanted: int, now: int) -> int:
         lease_until = now + lane.lease_ms
         if lane.plain:
             return await self._claim_plain(lane, wanted, now, lease_until)

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from app.store import DurableUpdateStore, StoreError
+from app.store import OperatorStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class DatabaseClock:
 
     def __init__(
         self,
-        store: DurableUpdateStore,
+        store: OperatorStore,
         *,
         resync_seconds: float = 30.0,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -36,7 +37,7 @@ from app.dispatch.maintenance import ExhaustionDelivery, keep_table_forever, pru
 from app.dispatch.runner import AttemptRunner
 from app.dispatch.settler import Settler
 from app.metrics import Metrics
-from app.store import DurableUpdateStore, StoreError
+from app.store import OperatorStore, StoreError
 
 log = logging.getLogger(__name__)
 # After the grace period, how long a stop waits at most for hand-backs and the last settles.
@@ -51,7 +52,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        store: DurableUpdateStore,
+        store: OperatorStore,
         settings: Settings,
         transport: httpx.AsyncBaseTransport,
         *,
@@ -69,6 +70,9 @@ class Dispatcher:
             for bot in chosen
         ]
         self._clock = DatabaseClock(store, monotonic_ns=monotonic_ns)
+        self._reports: set[asyncio.Task[None]] = set()
+        for lane in self._lanes:
+            lane.breaker.on_change = functools.partial(self._report_breaker, lane.name)
         self._settler = Settler(store)
         self._tick = min(1.0, min((lane.lease_ms for lane in self._lanes), default=6000) / 6000)
         self._wake = asyncio.Event()
@@ -188,6 +192,20 @@ class Dispatcher:
             **self._background,
         }
         return self._liveness.problems(tasks)
+
+    def _report_breaker(self, bot: str, state: str) -> None:
+        """Record a breaker transition in the bot's row, for operators (not awaited: the
+        attempt that moved the breaker does not wait for it)."""
+
+        async def report() -> None:
+            try:
+                await self._store.report_breaker(bot, state, at=self._clock.now())
+            except (StoreError, ValueError) as error:
+                log.warning("could not record bot %r's breaker %s: %s", bot, state, error)
+
+        task = asyncio.create_task(report())
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     async def stop(self) -> None:
         """Stop claiming, give attempts the grace period, hand the rest back, stop. However

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from app.dispatch.attempt import Attempt
 from app.logs import AttemptLog
 from app.metrics import LostReason
-from app.store import DurableUpdateStore, StoreError
+from app.store import OperatorStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class LeaseKeeper:
     def __init__(
         self,
-        store: DurableUpdateStore,
+        store: OperatorStore,
         now: Callable[[], int],
         attempts: Collection[Attempt],
         lost: Callable[[Attempt, LostReason], None],

@@ -21,7 +21,7 @@ from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
 from app.logs import AttemptLog
 from app.metrics import AttemptMeters
-from app.store import DurableUpdateStore, Exhaustion, StoreError, UpdateStore
+from app.store import Exhaustion, OperatorStore, StoreError, UpdateStore
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class ExhaustionDelivery:
 
     def __init__(
         self,
-        store: DurableUpdateStore,
+        store: OperatorStore,
         clock: DatabaseClock,
         downstreams: dict[str, Downstream],
         *,
@@ -124,7 +124,7 @@ class ExhaustionDelivery:
 
 
 async def prune_forever(
-    store: DurableUpdateStore, clock: DatabaseClock, *, retention_ms: int, interval: float
+    store: OperatorStore, clock: DatabaseClock, *, retention_ms: int, interval: float
 ) -> None:
     """Delete completed and acknowledged rows settled more than `retention_ms` ago."""
     while True:

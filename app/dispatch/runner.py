@@ -31,9 +31,9 @@ from app.policy import Outcome, retry_delay_ms
 from app.store import (
     Abandoned,
     Completed,
-    DurableUpdateStore,
     Failed,
     HandedBack,
+    OperatorStore,
     Settlement,
     StoreError,
     StoreUnavailable,
@@ -58,7 +58,7 @@ class AttemptRunner:
 
     def __init__(
         self,
-        store: DurableUpdateStore,
+        store: OperatorStore,
         clock: DatabaseClock,
         settler: Settler,
         *,
@@ -145,36 +145,39 @@ class AttemptRunner:
         bot = attempt.lane.bot
         if outcome.kind == "completed":
             attempt.outcome = "completed"
-            await self._settle(attempt, Completed(now))
+            await self._settle(attempt, Completed(now, outcome.status))
         elif outcome.kind == "deferred":
             attempt.outcome = "deferred"
             AttemptLog.of(log, attempt.identity).debug("deferred, the downstream settles it")
         elif outcome.kind == "terminal":
-            await self._end(attempt, "terminal", outcome.error or "terminal")
+            await self._end(attempt, "terminal", outcome.error or "terminal", outcome.status)
         elif attempt.claimed.counted >= bot.max_attempts:
-            await self._end(attempt, "spent", f"attempts spent; last: {outcome.error}")
+            error = f"attempts spent; last: {outcome.error}"
+            await self._end(attempt, "spent", error, outcome.status)
         else:
             retry_at = now + retry_delay_ms(
                 bot, attempt.claimed.counted, outcome, jitter=self._jitter
             )
             expires_at = attempt.expires_at
             if expires_at is not None and retry_at > expires_at:
-                await self._end(attempt, "expired", EXPIRED)
+                await self._end(attempt, "expired", EXPIRED, outcome.status)
                 return
             error = outcome.error or "retry"
             attempt.outcome = "retry"
-            if await self._settle(attempt, Failed(now, retry_at, error)):
+            if await self._settle(attempt, Failed(now, retry_at, error, outcome.status)):
                 self._retries.at(retry_at)
 
-    async def _end(self, attempt: Attempt, outcome: AttemptOutcome, error: str) -> None:
+    async def _end(
+        self, attempt: Attempt, outcome: AttemptOutcome, error: str, status: int | None = None
+    ) -> None:
         """A terminal outcome: an exhaustion on a durable bot, abandoned otherwise."""
         attempt.outcome = outcome
         now = self._clock.now()
         if not attempt.lane.durable:
-            await self._settle(attempt, Abandoned(now, error))
+            await self._settle(attempt, Abandoned(now, error, status))
             return
         exhausted = await self._retrying(
-            attempt, lambda: self._store.exhaust(attempt.identity, now, error)
+            attempt, lambda: self._store.exhaust(attempt.identity, now, error, status=status)
         )
         if exhausted:
             AttemptLog.of(log, attempt.identity).warning("exhausted (%s)", error)

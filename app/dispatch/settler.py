@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass
 
 from app.batching import Batcher
-from app.store import ClaimIdentity, DurableUpdateStore, Settlement
+from app.store import ClaimIdentity, OperatorStore, Settlement
 
 Item = tuple[ClaimIdentity, Settlement]
 
@@ -29,7 +29,7 @@ class Settled:
 
 
 class Settler(Batcher[Item, Settled]):
-    def __init__(self, store: DurableUpdateStore, *, max_batch: int = 256) -> None:
+    def __init__(self, store: OperatorStore, *, max_batch: int = 256) -> None:
         super().__init__(max_batch=max_batch)
         self._store = store
         self._alone: set[asyncio.Task[None]] = set()  # settles of rows that were locked

@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import Callable
 
 from app.batching import Batcher, Closed
-from app.store import DurableUpdateStore, NewUpdate, StoreUnavailable
+from app.store import NewUpdate, OperatorStore, StoreUnavailable
 
 MAX_BATCH_BYTES = 1 << 20  # body bytes one insert carries at most
 
@@ -38,7 +38,7 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
 
     def __init__(
         self,
-        store: DurableUpdateStore,
+        store: OperatorStore,
         *,
         max_batch: int = 500,
         max_wait: float = 0.0,

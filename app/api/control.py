@@ -1,0 +1,494 @@
+"""Operator control over HTTP (SPEC section 9): the bots (pause, resume, rate limit), search
+and attempt history, bulk redrive and acknowledgement, park, the audit log.
+
+Reads need a `viewer` key, actions an `operator` key (a viewer's action is 403); every action
+is recorded in the audit log under the key's name, in the transaction that acts. Bad input is
+a 4xx naming the field and changes nothing: an unknown bot is 404, a bulk action with an
+empty filter is 422 unless it says `all: true` (or is a dry run).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from pydantic import Field, StrictBool, StrictInt, model_validator
+
+from app.api.deps import REFUSALS, Grant, Operator, StrictJsonRoute, Viewer
+from app.kit.wire import (
+    BOT_PATTERN,
+    MAX_BIGINT,
+    BotName,
+    EpochMillis,
+    Identity,
+    Message,
+    Problem,
+    UpdateId,
+    UpdateView,
+)
+from app.store import BulkOutcome, ClaimIdentity, ExhaustionFilter, UpdateFilter
+
+router = APIRouter(
+    route_class=StrictJsonRoute,
+    prefix="/v1",
+    tags=["operator control"],
+    responses={**REFUSALS, 404: {"model": Problem, "description": "no such bot or update"}},
+)
+
+State = Literal["pending", "processing", "completed", "failed", "abandoned"]
+Text = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^[^\x00]*$")]
+SEARCH_CURSOR = r"^[0-9]{1,19}:[a-z0-9][a-z0-9_-]{0,31}:[0-9]{1,19}$"
+
+
+# -- messages ------------------------------------------------------------------------------------
+
+
+class BotItem(Message):
+    bot: BotName
+    paused: bool
+    paused_at: EpochMillis | None
+    paused_by: str | None
+    paused_reason: str | None
+    rate_limit_per_second: float | None
+    counts: dict[str, int]
+    open_exhaustions: int
+    oldest_undelivered_age_ms: int | None
+    breaker: Literal["closed", "open", "half_open"] | None
+
+
+class BotList(Message):
+    items: list[BotItem]
+
+
+class PauseRequest(Message):
+    reason: Text | None = None
+
+
+class BotAction(Message):
+    bot: BotName
+    changed: bool = Field(description="false when the bot already was as asked")
+
+
+class RateLimitRequest(Message):
+    per_second: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
+        description="attempts per second across every worker process; null lifts the limit"
+    )
+
+
+class RateLimitSet(Message):
+    bot: BotName
+    rate_limit_per_second: float | None
+
+
+class UpdatePage(Message):
+    items: list[UpdateView]
+    next: str | None = Field(description="pass as `after` for the next page; null at the end")
+
+
+class AttemptItem(Message):
+    attempt: int
+    claim_id: str
+    started_at: EpochMillis
+    ended_at: EpochMillis | None
+    outcome: str = Field(
+        description="completed, failed, abandoned, exhausted, handed_back, "
+        "parked; running while leased; lost when its lease lapsed unended"
+    )
+    status_code: int | None
+    error: str | None
+    duration_ms: int | None
+    worker: str | None
+
+
+class AttemptList(Message):
+    items: list[AttemptItem]
+
+
+class Filter(Message):
+    """Open exhaustions matching every criterion given."""
+
+    bot: BotName | None = None
+    update_type: Text | None = None
+    chat: Text | None = None
+    error_contains: Text | None = None
+    exhausted_after: Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT)] | None = None
+    exhausted_before: Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT)] | None = None
+
+    def empty(self) -> bool:
+        return not self.model_dump(exclude_none=True)
+
+
+class BulkRequest(Message):
+    """A bulk action: by `filter` or by exact `identities` (one of them), a dry run or not."""
+
+    filter: Filter | None = None
+    identities: Annotated[list[Identity], Field(max_length=10_000)] | None = None
+    dry_run: StrictBool = False
+    all: StrictBool = Field(
+        default=False, description="required to act on every open exhaustion (an empty filter)"
+    )
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> BulkRequest:
+        if (self.filter is None) == (self.identities is None):
+            raise ValueError("give exactly one of filter and identities")
+        if self.filter is not None and self.filter.empty() and not (self.all or self.dry_run):
+            raise ValueError(
+                "filter is empty: name what to act on, or pass all: true to act on every one"
+            )
+        return self
+
+
+class RedriveRequest(BulkRequest):
+    rate_per_second: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
+        default=None,
+        description="pace the redriven updates at this many per second (default: the bot's "
+        "rate limit, if any; else all due at once)",
+    )
+
+
+class BulkSample(Identity):
+    error: str | None
+    exhausted_at: EpochMillis
+
+
+class BulkAnswer(Message):
+    matched: int
+    changed: int = Field(description="0 for a dry run")
+    sample: list[BulkSample]
+
+
+class ParkRequest(Message):
+    attempt: Annotated[StrictInt, Field(ge=1)]
+    claim_id: Annotated[str, Field(min_length=1, max_length=64)]
+    reason: Text
+    bot: BotName | None = Field(default=None, description="if given, the path's")
+    update_id: UpdateId | None = Field(default=None, description="if given, the path's")
+
+
+class Parked(Message):
+    parked: bool = Field(description="false when that attempt no longer holds the update")
+
+
+class AuditItem(Message):
+    id: int
+    at: EpochMillis
+    key_name: str
+    action: str
+    target: str
+    detail: dict[str, Any] | None = Field(description="the action's filter, reason or rate")
+    matched: int | None
+    changed: int | None
+
+
+class AuditPage(Message):
+    items: list[AuditItem]
+    next: int | None
+
+
+# -- bots ----------------------------------------------------------------------------------------
+
+
+@router.get("/bots")
+async def bots(grant: Viewer) -> BotList:
+    """Every configured bot this key may see: paused or running, its rate limit, counts by
+    state, open exhaustions, the oldest undelivered update's age, the breaker."""
+    services = grant.services
+    allowed = grant.bots(None)
+    names = [bot.name for bot in services.settings.bots if allowed is None or bot.name in allowed]
+    now = services.now()
+    controls = {c.bot: c for c in await services.store.bot_controls(names)}
+    stats = {s.bot: s for s in await services.store.stats()}
+    items = []
+    for name in names:
+        control, counted = controls[name], stats.get(name)
+        oldest = None if counted is None else counted.oldest_undelivered_at
+        settings = services.settings.bot(name)
+        breaker = control.breaker
+        cooled = (
+            settings is not None
+            and control.breaker_at is not None
+            and now - control.breaker_at >= settings.breaker_cooldown_seconds * 1000
+        )
+        if breaker == "open" and cooled:
+            breaker = "half_open"  # a probe may go out
+        items.append(
+            BotItem(
+                bot=name,
+                paused=control.paused,
+                paused_at=control.paused_at,
+                paused_by=control.paused_by,
+                paused_reason=control.paused_reason,
+                rate_limit_per_second=control.rate_per_second,
+                counts=dict(counted.states) if counted else {},
+                open_exhaustions=(counted.unacknowledged_exhaustions or 0) if counted else 0,
+                oldest_undelivered_age_ms=None if oldest is None else max(0, now - oldest),
+                breaker=breaker,
+            )
+        )
+    return BotList(items=items)
+
+
+BotPath = Annotated[str, Path(pattern=BOT_PATTERN)]
+
+
+@router.post("/bots/{bot}/pause")
+async def pause(bot: BotPath, grant: Operator, request: PauseRequest | None = None) -> BotAction:
+    """Hold every new attempt of the bot, in every process (attempts in flight finish); its
+    updates are still recorded and answered 200."""
+    grant.bot(bot)
+    services = grant.services
+    reason = None if request is None else request.reason
+    changed = await services.store.pause(bot, at=services.now(), by=grant.key.label, reason=reason)
+    return BotAction(bot=bot, changed=changed)
+
+
+@router.post("/bots/{bot}/resume")
+async def resume(bot: BotPath, grant: Operator) -> BotAction:
+    """Lift the pause; the workers of every process look at once."""
+    grant.bot(bot)
+    services = grant.services
+    changed = await services.store.resume(bot, at=services.now(), by=grant.key.label)
+    if changed:
+        await services.wake()
+    return BotAction(bot=bot, changed=changed)
+
+
+@router.post("/bots/{bot}/rate-limit")
+async def rate_limit(bot: BotPath, request: RateLimitRequest, grant: Operator) -> RateLimitSet:
+    """At most `per_second` attempts of the bot start per second, across every process; a
+    throttled update spends no attempt. null lifts the limit."""
+    grant.bot(bot)
+    services = grant.services
+    await services.store.set_rate_limit(
+        bot, request.per_second, at=services.now(), by=grant.key.label
+    )
+    if request.per_second is None:
+        await services.wake()
+    return RateLimitSet(bot=bot, rate_limit_per_second=request.per_second)
+
+
+# -- updates ------------------------------------------------------------------------------------
+
+
+@router.get("/updates")
+async def search(
+    grant: Viewer,
+    bot: Annotated[str | None, Query(pattern=BOT_PATTERN)] = None,
+    state: State | None = None,
+    chat: Annotated[str | None, Query(min_length=1, max_length=500)] = None,
+    update_type: Annotated[str | None, Query(min_length=1, max_length=100)] = None,
+    received_after: Annotated[int | None, Query(ge=0, le=MAX_BIGINT)] = None,
+    received_before: Annotated[int | None, Query(ge=0, le=MAX_BIGINT)] = None,
+    contains: Annotated[str | None, Query(min_length=1, max_length=500)] = None,
+    after: Annotated[
+        str | None,
+        Query(pattern=SEARCH_CURSOR, description="`next` of the previous page"),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> UpdatePage:
+    """Recorded updates, newest first, by every filter given: `chat` is the queue key,
+    `received_after` inclusive and `received_before` exclusive (epoch ms), `contains` a
+    substring of the raw body, searched among at most 1,000 rows of the other filters per
+    page (a page may then be short, or empty, with `next` set)."""
+    if bot is not None:
+        grant.bot(bot)
+    names = [bot] if bot is not None else _visible(grant)
+    if not names:
+        return UpdatePage(items=[], next=None)
+    cursor = None
+    if after is not None:
+        received, name, number = after.split(":")
+        if int(received) > MAX_BIGINT or int(number) > MAX_BIGINT:
+            raise HTTPException(422, f"after {after!r}: a number over 2**63-1")
+        cursor = (int(received), name, int(number))
+    chosen = UpdateFilter(
+        bots=tuple(names),
+        state=state,
+        chat=chat,
+        update_type=update_type,
+        received_after=received_after,
+        received_before=received_before,
+        contains=contains,
+    )
+    page = await grant.services.store.search_updates(chosen, after=cursor, limit=limit)
+    items = [UpdateView.model_validate(row, from_attributes=True) for row in page.items]
+    following = None if page.next is None else ":".join(str(part) for part in page.next)
+    return UpdatePage(items=items, next=following)
+
+
+@router.get("/updates/{bot}/{update_id}/attempts")
+async def attempts(
+    grant: Viewer,
+    bot: BotPath,
+    update_id: Annotated[int, Path(ge=0, le=MAX_BIGINT)],
+) -> AttemptList:
+    """Every attempt of the update, oldest first: its claim, times, outcome, the downstream's
+    HTTP status, an excerpt of its error, the worker that ran it."""
+    grant.allow(bot)
+    records = await grant.services.store.attempt_history(bot, update_id)
+    if records is None:
+        raise HTTPException(404, f"no update {update_id} of bot {bot!r} is recorded")
+    return AttemptList(
+        items=[
+            AttemptItem(
+                attempt=r.attempt,
+                claim_id=r.claim_id,
+                started_at=r.started_at,
+                ended_at=r.ended_at,
+                outcome=r.outcome,
+                status_code=r.status_code,
+                error=r.error,
+                duration_ms=r.duration_ms,
+                worker=r.worker,
+            )
+            for r in records
+        ]
+    )
+
+
+@router.post("/updates/{bot}/{update_id}/park")
+async def park(
+    grant: Operator,
+    bot: BotPath,
+    update_id: Annotated[int, Path(ge=0, le=MAX_BIGINT)],
+    request: ParkRequest,
+) -> Parked:
+    """End the live or waiting attempt of a poison update as an exhaustion with `reason`:
+    its chat moves on, and the attempt's late answer is ignored."""
+    grant.allow(bot)
+    if request.bot not in (None, bot) or request.update_id not in (None, update_id):
+        raise HTTPException(422, "bot and update_id in the body differ from the path's")
+    identity = ClaimIdentity(bot, update_id, request.attempt, request.claim_id)
+    services = grant.services
+    parked = await services.store.park(
+        identity, at=services.now(), by=grant.key.label, reason=request.reason
+    )
+    if parked:
+        await services.wake()
+    return Parked(parked=parked)
+
+
+# -- exhaustions in bulk ------------------------------------------------------------------------
+
+
+@router.post("/exhaustions/redrive")
+async def redrive(request: RedriveRequest, grant: Operator) -> BulkAnswer:
+    """Deliver open exhaustions again, by filter or by exact identities: each becomes due with
+    a fresh attempt budget (its attempt numbers go on, so no earlier identity matches again),
+    paced at `rate_per_second`. A dry run reports the count and a sample and changes nothing."""
+    selection = _selection(request, grant)
+    services = grant.services
+    rate = request.rate_per_second
+    if rate is None:
+        rate = await _bots_rate(grant, request)
+    outcome = await services.store.redrive(
+        selection,
+        at=services.now(),
+        by=grant.key.label,
+        dry_run=request.dry_run,
+        rate_per_second=rate,
+    )
+    if outcome.changed:
+        await services.wake()
+    return _answer(outcome)
+
+
+async def acknowledge_in_bulk(request: BulkRequest, grant: Grant) -> BulkAnswer:
+    """`POST /v1/exhaustions/acknowledge` with a filter or identities (`app.api.claims`)."""
+    if not grant.key.may("operator"):
+        raise HTTPException(403, "this API key lacks the operator scope")
+    selection = _selection(request, grant)
+    services = grant.services
+    outcome = await services.store.acknowledge_exhaustions(
+        selection, at=services.now(), by=grant.key.label, dry_run=request.dry_run
+    )
+    return _answer(outcome)
+
+
+@router.get("/audit")
+async def audit(
+    grant: Viewer,
+    after: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> AuditPage:
+    """Every operator action, newest first: the key's name, action, target, its filter or
+    reason, the counts, the time."""
+    entries = await grant.services.store.audit_log(after=after, limit=limit)
+    items = [
+        AuditItem(
+            id=entry.id,
+            at=entry.at,
+            key_name=entry.key_name,
+            action=entry.action,
+            target=entry.target,
+            detail=None if entry.detail is None else json.loads(entry.detail),
+            matched=entry.matched,
+            changed=entry.changed,
+        )
+        for entry in entries
+    ]
+    return AuditPage(items=items, next=items[-1].id if len(items) == limit else None)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _visible(grant: Grant) -> list[str]:
+    allowed = grant.bots(None)
+    names = [bot.name for bot in grant.services.settings.bots]
+    return [name for name in names if allowed is None or name in allowed]
+
+
+def _selection(request: BulkRequest, grant: Grant) -> ExhaustionFilter | list[ClaimIdentity]:
+    if request.identities is not None:
+        for identity in request.identities:
+            grant.allow(identity.bot)
+        return [
+            ClaimIdentity(i.bot, i.update_id, i.attempt, i.claim_id) for i in request.identities
+        ]
+    chosen = request.filter or Filter()
+    if chosen.bot is not None:
+        grant.allow(chosen.bot)  # a bot no longer configured may still have exhaustions
+    bots = (chosen.bot,) if chosen.bot is not None else grant.bots(None)
+    return ExhaustionFilter(
+        bots=None if bots is None else tuple(bots),
+        update_type=chosen.update_type,
+        chat=chosen.chat,
+        error_contains=chosen.error_contains,
+        exhausted_after=chosen.exhausted_after,
+        exhausted_before=chosen.exhausted_before,
+    )
+
+
+async def _bots_rate(grant: Grant, request: RedriveRequest) -> float | None:
+    """A redrive of one bot's exhaustions goes at that bot's rate limit, if it has one."""
+    if request.filter is not None and request.filter.bot is not None:
+        names = [request.filter.bot]
+    elif request.identities:
+        names = sorted({identity.bot for identity in request.identities})
+    else:
+        return None
+    if len(names) != 1:
+        return None
+    controls = await grant.services.store.bot_controls(names)
+    return controls[0].rate_per_second if controls else None
+
+
+def _answer(outcome: BulkOutcome) -> BulkAnswer:
+    return BulkAnswer(
+        matched=outcome.matched,
+        changed=outcome.changed,
+        sample=[
+            BulkSample(
+                bot=e.identity.bot,
+                update_id=e.identity.update_id,
+                attempt=e.identity.attempt,
+                claim_id=e.identity.claim_id,
+                error=e.error,
+                exhausted_at=e.exhausted_at,
+            )
+            for e in outcome.sample
+        ],
+    )
