@@ -233,6 +233,9 @@ class Settings(BaseSettings, BotOptions):
     # A direct (session) URL to the same database, for the wake-ups' LISTEN only; None: the
     # database URL, or polling behind PgBouncer.
     listen_database_url: str | None = Field(None, repr=False)  # may hold a password
+    # Record every attempt in the attempt history (revision 0004), in the statements that
+    # claim and settle; off saves those writes (bench dispatch measures what they cost).
+    attempt_history: bool = True
     table: str = DEFAULT_TABLE
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -381,6 +384,17 @@ class Settings(BaseSettings, BotOptions):
                 "api_keys: a name appears more than once (the audit log tells keys by it)"
             )
         return self
+
+    def store_options(self) -> dict[str, Any]:
+        """`open_store`'s options, as these settings give them (not the URL)."""
+        return {
+            "table": self.table,
+            "statement_timeout_ms": self.statement_timeout_ms,
+            "lock_timeout_ms": self.lock_timeout_ms,
+            "pgbouncer": self.database_pgbouncer,
+            "listen_url": self.listen_database_url,
+            "history": self.attempt_history,
+        }
 
     def bot(self, name: str) -> BotSettings | None:
         return next((bot for bot in self.bots if bot.name == name), None)

@@ -43,14 +43,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            store = await open_store(
-                settings.database_url,
-                table=settings.table,
-                statement_timeout_ms=settings.statement_timeout_ms,
-                lock_timeout_ms=settings.lock_timeout_ms,
-                pgbouncer=settings.database_pgbouncer,
-                listen_url=settings.listen_database_url,
-            )
+            store = await open_store(settings.database_url, **settings.store_options())
             stack.push_async_callback(store.close)
             check_capability(settings, store)
             dispatcher: Dispatcher | None = None

@@ -33,14 +33,7 @@ log = logging.getLogger(__name__)
 async def run_worker(settings: Settings) -> None:
     """Dispatch every configured bot's updates until SIGTERM or SIGINT, then stop gracefully:
     in-flight attempts get `shutdown_grace_seconds`, the rest are handed back."""
-    store = await open_store(
-        settings.database_url,
-        table=settings.table,
-        statement_timeout_ms=settings.statement_timeout_ms,
-        lock_timeout_ms=settings.lock_timeout_ms,
-        pgbouncer=settings.database_pgbouncer,
-        listen_url=settings.listen_database_url,
-    )
+    store = await open_store(settings.database_url, **settings.store_options())
     metrics = Metrics.of(settings)
     try:
         stopping = asyncio.Event()

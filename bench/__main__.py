@@ -1,8 +1,8 @@
 """Run the benchmarks: `python -m bench` (all) or `python -m bench store`.
 
-Each benchmark's module is imported when it runs: `store`, `claims` and `plans` need only the
-project's own dependencies, the others the `bench` extra (`pip install -e '.[bench]'`). Under
-each report: the peak RSS of the benchmark's own process and of every child it ran.
+Each benchmark's module is imported when it runs: `store`, `claims`, `plans` and `search` need
+only the project's own dependencies, the others the `bench` extra (`pip install -e '.[bench]'`).
+Under each report: the peak RSS of the benchmark's own process and of every child it ran.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ BENCHMARKS = (
     "api",
     "pipeline",
     "reader",
+    "search",
 )
 
 

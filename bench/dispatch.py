@@ -5,7 +5,8 @@ All on PostgreSQL, against one trivial downstream (an aiohttp process answering 
   by 1, 2 and 4 `telegram-intake worker` processes; the rate is updates settled per second,
   from the moment the rows are committed (workers already idle) to the last completed row.
   Each drain on an analysed table (ANALYZE after the rows are in, the clock started after it)
-  and, for 1 and 2 workers, on the table as the intake leaves it (no manual ANALYZE).
+  and, for 1 and 2 workers, on the table as the intake leaves it (no manual ANALYZE), and
+  with the attempt history off (`INTAKE_ATTEMPT_HISTORY=false`), its cost side by side.
 - PgQueuer 1.6 (asyncpg, batch 10, 64 concurrent tasks, each job POSTed with aiohttp) drains
   the same bodies to the same downstream in one process, on the same database.
 - latency: `telegram-intake serve` and one `worker` as separate processes; updates POSTed to
@@ -62,14 +63,21 @@ async def fetch(session: aiohttp.ClientSession, url: str) -> object:
         return await response.json()
 
 
-async def drain_ours(downstream: str, workers: int, count: int, *, analyzed: bool) -> float:
+async def drain_ours(
+    downstream: str, workers: int, count: int, *, analyzed: bool, history: bool = True
+) -> float:
     """Updates settled per second by `workers` worker processes. With `analyzed`, the table
     is analysed after the rows are in and the clock starts after that; without, the clock
     starts when they are in, and the planner has what the workers themselves gather (as on a
-    table that the intake fills)."""
+    table that the intake fills). `history`: the workers record every attempt (the default)."""
     async with fresh_schema() as (url, _):
         upgrade(url)
-        env = worker_env(url, downstream, INTAKE_POLL_INTERVAL_SECONDS="1")
+        env = worker_env(
+            url,
+            downstream,
+            INTAKE_POLL_INTERVAL_SECONDS="1",
+            INTAKE_ATTEMPT_HISTORY="true" if history else "false",
+        )
         # The default bot is named `default`.
         rows = [
             NewUpdate("default", n, body(n), 0, "message", f"chat:{1_000_000 + n % CHATS}")
@@ -237,11 +245,17 @@ async def main(*, quick: bool = False) -> str:
         print("bench dispatch: PgQueuer", file=sys.stderr)
         peer = await drain_pgqueuer(downstream, count)
         ours: dict[tuple[int, bool], float] = {}
+        unrecorded: dict[int, float] = {}  # analysed, attempt history off
         for workers, analyzed in ((1, True), (1, False), (2, True), (2, False), (4, True)):
             print(f"bench dispatch: {workers} worker process(es)", file=sys.stderr)
             ours[workers, analyzed] = await drain_ours(
                 downstream, workers, count, analyzed=analyzed
             )
+            if analyzed and workers <= 2:
+                print(f"bench dispatch: {workers}, attempt history off", file=sys.stderr)
+                unrecorded[workers] = await drain_ours(
+                    downstream, workers, count, analyzed=True, history=False
+                )
         print("bench dispatch: latency at 200/s", file=sys.stderr)
         seconds = 5 if quick else 20
         spans = await latency(downstream, 200, seconds)
@@ -261,6 +275,17 @@ async def main(*, quick: bool = False) -> str:
             f"| {rate:,.0f} | {rate / peer:.2f} | {versus} |"
         )
     lines += [
+        "",
+        "Attempt history (every attempt's start and end, written by the claim and settle "
+        "statements themselves) against none, analysed tables:",
+        "",
+        "| processes | history on, updates/s | history off, updates/s | on / off |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {workers} | {ours[workers, True]:,.0f} | {off:,.0f} | "
+            f"{ours[workers, True] / off:.2f} |"
+            for workers, off in unrecorded.items()
+        ),
         "",
         f"Latency at 200 updates/s for {seconds} s, `serve` and one `worker` process:",
         "",

@@ -49,14 +49,8 @@ def _age(ms: int | None) -> str:
 
 
 async def _with_store(settings: Settings) -> OperatorStore:
-    return await open_store(
-        settings.database_url,
-        table=settings.table,
-        pool_size=2,
-        statement_timeout_ms=settings.statement_timeout_ms,
-        lock_timeout_ms=settings.lock_timeout_ms,
-        pgbouncer=settings.database_pgbouncer,
-    )
+    options = settings.store_options() | {"pool_size": 2, "listen_url": None}
+    return await open_store(settings.database_url, **options)
 
 
 def _run(settings: Settings, work: Any) -> int:

@@ -23,16 +23,23 @@ from app.main import create_app
 from app.store import ClaimIdentity, SqlUpdateStore, StoredUpdate, open_store
 from tests.conftest import Storage, serve_asgi
 
-# Keys: full access, each scope alone, and one limited to the bot `shop`.
+# Keys: full access, each scope alone, and one limited to the bot `shop`. The viewer and
+# operator keys have names, which the audit log records; the others are known by a hash.
 KEY = "full-access.key-0123456789"
 CALLBACK_KEY = "callback-only.key-0123456789"
 OPERATIONS_KEY = "operations-only.key-0123456789"
 SHOP_KEY = "shop-only.key-0123456789"
+VIEWER_KEY = "viewer-only.key-0123456789"
+VIEWER_NAME = "vera viewer"
+OPERATOR_KEY = "operator-only.key-0123456789"
+OPERATOR_NAME = "olga@ops"
 API_KEYS = (
     ApiKey(key=SecretStr(KEY)),
     ApiKey(key=SecretStr(CALLBACK_KEY), scopes=("callback",)),
     ApiKey(key=SecretStr(OPERATIONS_KEY), scopes=("operations",)),
     ApiKey(key=SecretStr(SHOP_KEY), bots=("shop",)),
+    ApiKey(key=SecretStr(VIEWER_KEY), name=VIEWER_NAME, scopes=("viewer",)),
+    ApiKey(key=SecretStr(OPERATOR_KEY), name=OPERATOR_NAME, scopes=("operator",)),
 )
 
 LEASE_SECONDS = 120  # shop's default renewal

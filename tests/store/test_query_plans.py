@@ -13,8 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.store import (
     ClaimIdentity,
     Completed,
+    ExhaustionFilter,
     NewUpdate,
     SqlUpdateStore,
+    UpdateFilter,
+    control,
     open_store,
     postgres,
     queries,
@@ -87,6 +90,36 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
         "due_exhaustions": queries.due_exhaustions(t, limit=100, after=("news", 5), bots=None),
         "acknowledge_exhaustion": queries.acknowledge_exhaustion(t, identity=IDENTITY, at=NOW),
         "prune": queries.prune(t, before=1_000, limit=2_000),
+        **_operator_statements(store),
+    }
+
+
+def _operator_statements(store: SqlUpdateStore) -> dict[str, Any]:
+    """Operator control's statements (revision 0004): each search filter walks its index and
+    stops at its page; the bulk actions walk the open exhaustions; park finds its key."""
+    t = store.table
+    shop = ("shop",)
+
+    def search(after: Any = None, **criteria: Any) -> Any:
+        chosen = UpdateFilter(**{"bots": shop, **criteria})
+        return control.search_updates(t, chosen, after=after, limit=50)
+
+    mine = control.exhaustions_matching(t, ExhaustionFilter(bots=shop, error_contains="HTTP"))
+    return {
+        "search_updates bot": search(),
+        "search_updates bots, after a cursor": search(
+            bots=("news", "shop"), after=(500_000, "news", 499_999)
+        ),
+        "search_updates chat": search(chat="7"),
+        "search_updates type": search(update_type="callback_query"),
+        "search_updates window": search(received_after=400_000, received_before=401_000),
+        "search_updates state": search(state="failed"),
+        "search_updates contains": search(chat="7", contains="order"),
+        "redrive": control.redrive(t, mine, after=None, limit=1_000, start=NOW, interval_ms=2.0),
+        "acknowledge_exhaustions": control.acknowledge_exhaustions(
+            t, mine, after=("shop", 5), limit=1_000, at=NOW
+        ),
+        "park": control.park(t, identity=IDENTITY, at=NOW, reason="poison"),
     }
 
 
@@ -124,7 +157,12 @@ async def explain(connection: AsyncConnection, store: SqlUpdateStore, statement:
 
 def scans(plan: list[str], dialect: str) -> list[str]:
     """Lines that read the whole table (or a whole index of it)."""
-    pattern = r"^SCAN (telegram_updates|older)\b" if dialect == "sqlite" else r"^Seq Scan"
+    # The bots' controls (revision 0004) are a row per bot: reading them whole is cheapest.
+    pattern = (
+        r"^SCAN (telegram_updates|older)\b(?!_bots)"
+        if dialect == "sqlite"
+        else r"^Seq Scan (?!telegram_updates_bots$)"
+    )
     return [line for line in plan if re.search(pattern, line)]
 
 
@@ -137,6 +175,7 @@ KEYED = (
     "settle_owned",
     "exhaust",
     "acknowledge_exhaustion",
+    "park",
 )
 KEY_LOOKUP = {
     "postgresql": ("pk_telegram_updates", "ix_telegram_updates_unacknowledged"),
