@@ -1,10 +1,11 @@
 """Operator control (SPEC section 9): attempt history, bot controls, the audit log, search.
 
-Adds three tables beside the updates table, each named after it: `_attempts` (one row per
+Adds four tables beside the updates table, each named after it: `_attempts` (one row per
 attempt: its claim, start and end, outcome, HTTP status, error excerpt and worker; kept as
 long as its update), `_bots` (pause, the rate limit and the token bucket every worker process
-shares, the last breaker transition a worker reported) and `_audit` (every operator action,
-by key name). On the updates table, the indexes that operators' searches walk: newest first
+shares, the last breaker transition a worker reported, the backlog and webhook watches),
+`_audit` (every operator action, by key name) and `_events` (the outbox of operational events
+to `operations_url`). On the updates table, the indexes that operators' searches walk: newest first
 within a bot, within a chat, within an update type.
 
 Revision ID: 0004
@@ -23,7 +24,7 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-SUFFIXES = ("_attempts", "_bots", "_audit")
+SUFFIXES = ("_attempts", "_bots", "_audit", "_events")
 SEARCH_INDEXES = {
     "received": ["bot", "received_at", "update_id"],
     "chat": ["bot", "queue_key", "received_at", "update_id"],
@@ -45,7 +46,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # The updates themselves are untouched: what goes is their history, the bots' pause and
-    # rate limits (every paused bot delivers again), and the audit log.
+    # rate limits (every paused bot delivers again), the audit log and undelivered events.
     table = context.config.attributes["table"]
     for name in SEARCH_INDEXES:
         op.drop_index(f"ix_{table}_{name}", table_name=table)

@@ -378,6 +378,9 @@ async def redrive(request: RedriveRequest, grant: Operator) -> BulkAnswer:
     """Deliver open exhaustions again, by filter or by exact identities: each becomes due with
     a fresh attempt budget (its attempt numbers go on, so no earlier identity matches again),
     paced at `rate_per_second`. A dry run reports the count and a sample and changes nothing."""
+    named = [request.filter.bot] if request.filter and request.filter.bot else []
+    for name in named + [identity.bot for identity in request.identities or ()]:
+        grant.bot(name)  # 404 unless configured: no worker would deliver a redriven update
     selection = _selection(request, grant)
     services = grant.services
     rate = request.rate_per_second

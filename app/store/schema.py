@@ -5,10 +5,11 @@ Revision 0001 is the base shape; revision 0002 (ADR 0256) adds `claim_id`, `exha
 revision 0003 adds `uncounted` (attempts that spend no budget: hand-backs), and
 `delivery_due_at` and `deliveries` (an open exhaustion's next delivery to `exhaustion_url`
 and the failed ones so far, shared by every process) with their index; revision 0004 (operator
-control, SPEC section 9) adds three tables beside it, each named after it: `_attempts` (every
+control, SPEC section 9) adds four tables beside it, each named after it: `_attempts` (every
 attempt's history), `_bots` (pause, the rate limit and its shared token bucket, what the
-workers report of their breaker) and `_audit` (every operator action), and the indexes that
-operators' searches walk. `make_metadata(table, revision=...)` draws any of them.
+workers report of their breaker, the state of the backlog and webhook watches), `_audit`
+(every operator action) and `_events` (the outbox of operational events), and the indexes
+that operators' searches walk. `make_metadata(table, revision=...)` draws any of them.
 
 Invariants every statement of the store keeps (its queries lean on them for index use; a
 process writing the table by other means must keep them too):
@@ -51,7 +52,9 @@ ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0003": ("uncounted", "delivery_due_at", "deliveries"),
     "0004": (),
 }
-ADDED_TABLES: dict[Revision, tuple[str, ...]] = {"0004": ("_attempts", "_bots", "_audit")}
+ADDED_TABLES: dict[Revision, tuple[str, ...]] = {
+    "0004": ("_attempts", "_bots", "_audit", "_events")
+}
 # Attempt outcomes as `_attempts` records them (NULL while the attempt runs, and for an
 # attempt whose lease lapsed before it ended: a reader calls that one "lost").
 OUTCOMES = ("completed", "failed", "abandoned", "exhausted", "handed_back", "parked")
@@ -83,6 +86,10 @@ def bots_table_name(table: str) -> str:
 
 def audit_table_name(table: str) -> str:
     return f"{table}_audit"
+
+
+def events_table_name(table: str) -> str:
+    return f"{table}_events"
 
 
 def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> MetaData:
@@ -209,6 +216,11 @@ def _add_operator_tables(metadata: MetaData, table: str) -> None:
         # The last breaker transition any worker reported, and when.
         Column("breaker", Text, nullable=True),
         Column("breaker_at", BigInteger, nullable=True),
+        # Operational events: since when the backlog is stale (one backlog.stale an episode);
+        # the getWebhookInfo watch's lease (next check due) and the last error date it saw.
+        Column("stale_since", BigInteger, nullable=True),
+        Column("webhook_check_due_at", BigInteger, nullable=True),
+        Column("webhook_error_date", BigInteger, nullable=True),
         PrimaryKeyConstraint("bot", name=f"pk_{bots}"),
         CheckConstraint("rate_per_second > 0", name=f"ck_{bots}_rate"),
     )
@@ -226,6 +238,26 @@ def _add_operator_tables(metadata: MetaData, table: str) -> None:
         Column("changed", BigInteger, nullable=True),
     )
     Index(f"ix_{audit}_at", audit_table.c.at)
+    events = events_table_name(table)
+    events_table = Table(
+        events,
+        metadata,
+        Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+        Column("type", Text, nullable=False),
+        Column("payload", Text, nullable=False),  # JSON, as delivered
+        Column("created_at", BigInteger, nullable=False),
+        # The outbox of operational events (operations_url): the next delivery's time (a
+        # lease while one runs), failed deliveries so far, and when one succeeded.
+        Column("due_at", BigInteger, nullable=True),
+        Column("deliveries", Integer, nullable=False, server_default=text("0")),
+        Column("delivered_at", BigInteger, nullable=True),
+    )
+    Index(
+        f"ix_{events}_due",
+        events_table.c.due_at,
+        postgresql_where=text("delivered_at IS NULL"),
+        sqlite_where=text("delivered_at IS NULL"),
+    )
 
 
 def revision_of(columns: set[str], tables: set[str] | None = None, table: str = "") -> Revision:

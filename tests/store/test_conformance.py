@@ -23,11 +23,9 @@ def emptied_stores(
 
     async def make_store() -> SqlUpdateStore:
         opened = await open_store(url)
-        tables = (opened.table, opened.attempts_table, opened.bots_table, opened.audit_table)
         async with opened.engine.begin() as connection:
-            for table in tables:
-                if table is not None:
-                    await connection.execute(delete(table))
+            for table in opened.table.metadata.sorted_tables:  # with revision 0004's
+                await connection.execute(delete(table))
         return (
             opened
             if kind is SqlUpdateStore

@@ -27,6 +27,7 @@ from app.store.schema import (
     attempts_table_name,
     audit_table_name,
     bots_table_name,
+    events_table_name,
     make_metadata,
     revision_of,
 )
@@ -139,6 +140,7 @@ class SqlCore:
         self.attempts_table: Table | None = tables.get(attempts_table_name(table))
         self.bots_table: Table | None = tables.get(bots_table_name(table))
         self.audit_table: Table | None = tables.get(audit_table_name(table))
+        self.events_table: Table | None = tables.get(events_table_name(table))
 
     def _history(self) -> History | None:
         if self.attempts_table is None or not self.keeps_history:
