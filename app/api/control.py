@@ -13,13 +13,16 @@ import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query
-from pydantic import Field, StrictBool, StrictInt, model_validator
+from pydantic import Field, StrictBool, StrictInt, StringConstraints, model_validator
 
 from app.api.deps import REFUSALS, Grant, Operator, StrictJsonRoute, Viewer
 from app.kit.wire import (
     BOT_PATTERN,
     MAX_BIGINT,
+    NO_NUL,
+    Attempt,
     BotName,
+    ClaimId,
     EpochMillis,
     Identity,
     Message,
@@ -28,6 +31,7 @@ from app.kit.wire import (
     UpdateView,
 )
 from app.store import BulkOutcome, ClaimIdentity, ExhaustionFilter, UpdateFilter
+from app.store.validate import MAX_RATE, MIN_RATE
 
 router = APIRouter(
     route_class=StrictJsonRoute,
@@ -37,7 +41,14 @@ router = APIRouter(
 )
 
 State = Literal["pending", "processing", "completed", "failed", "abandoned"]
-Text = Annotated[str, Field(min_length=1, max_length=500, pattern=r"^[^\x00]*$")]
+IDENTITY_FIELDS = ("bot", "update_id", "attempt", "claim_id")
+Text = Annotated[str, Field(min_length=1, max_length=500, pattern=NO_NUL)]
+# A reason that must say something: blank is refused here, not by the store (a 500).
+Reason = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=500, pattern=NO_NUL)
+]
+# A number (never a string or a boolean), in the store's bounds.
+Rate = Annotated[float, Field(strict=True, ge=MIN_RATE, le=MAX_RATE)]
 SEARCH_CURSOR = r"^[0-9]{1,19}:[a-z0-9][a-z0-9_-]{0,31}:[0-9]{1,19}$"
 
 
@@ -71,7 +82,7 @@ class BotAction(Message):
 
 
 class RateLimitRequest(Message):
-    per_second: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
+    per_second: Rate | None = Field(
         description="attempts per second across every worker process; null lifts the limit"
     )
 
@@ -140,8 +151,45 @@ class BulkRequest(Message):
         return self
 
 
+class AcknowledgeRequest(BulkRequest):
+    """`POST /v1/exhaustions/acknowledge`: one exact identity (`bot`, `update_id`, `attempt`,
+    `claim_id`), or, with an operator key, a bulk selection as for a redrive."""
+
+    bot: BotName | None = None
+    update_id: UpdateId | None = None
+    attempt: Attempt | None = None
+    claim_id: ClaimId | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_form(cls, value: Any) -> Any:
+        if not isinstance(value, dict) or "filter" in value or "identities" in value:
+            return value  # a bulk selection: BulkRequest's rules
+        missing = [name for name in IDENTITY_FIELDS if name not in value]
+        if missing:
+            raise ValueError(
+                f"give an identity (missing {', '.join(missing)}), or a filter or identities"
+            )
+        return {**value, "identities": []}  # the one identity is the selection
+
+    @model_validator(mode="after")
+    def _not_both(self) -> AcknowledgeRequest:
+        given = [name for name in IDENTITY_FIELDS if getattr(self, name) is not None]
+        if given and (self.filter is not None or self.identities):
+            raise ValueError(f"give an identity or a selection, not both ({', '.join(given)})")
+        return self
+
+    def identity(self) -> ClaimIdentity | None:
+        """The one identity of the single form, or None for a bulk selection."""
+        if self.bot is None or self.update_id is None or self.attempt is None:
+            return None
+        if self.claim_id is None or self.identities:
+            return None
+        return ClaimIdentity(self.bot, self.update_id, self.attempt, self.claim_id)
+
+
 class RedriveRequest(BulkRequest):
-    rate_per_second: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
+    rate_per_second: Rate | None = Field(
         default=None,
         description="pace the redriven updates at this many per second (default: the bot's "
         "rate limit, if any; else all due at once)",
@@ -160,9 +208,9 @@ class BulkAnswer(Message):
 
 
 class ParkRequest(Message):
-    attempt: Annotated[StrictInt, Field(ge=1)]
-    claim_id: Annotated[str, Field(min_length=1, max_length=64)]
-    reason: Text
+    attempt: Attempt
+    claim_id: ClaimId
+    reason: Reason
     bot: BotName | None = Field(default=None, description="if given, the path's")
     update_id: UpdateId | None = Field(default=None, description="if given, the path's")
 
@@ -277,11 +325,11 @@ async def search(
     grant: Viewer,
     bot: Annotated[str | None, Query(pattern=BOT_PATTERN)] = None,
     state: State | None = None,
-    chat: Annotated[str | None, Query(min_length=1, max_length=500)] = None,
-    update_type: Annotated[str | None, Query(min_length=1, max_length=100)] = None,
+    chat: Annotated[str | None, Query(min_length=1, max_length=500, pattern=NO_NUL)] = None,
+    update_type: Annotated[str | None, Query(min_length=1, max_length=100, pattern=NO_NUL)] = None,
     received_after: Annotated[int | None, Query(ge=0, le=MAX_BIGINT)] = None,
     received_before: Annotated[int | None, Query(ge=0, le=MAX_BIGINT)] = None,
-    contains: Annotated[str | None, Query(min_length=1, max_length=500)] = None,
+    contains: Annotated[str | None, Query(min_length=1, max_length=500, pattern=NO_NUL)] = None,
     after: Annotated[
         str | None,
         Query(pattern=SEARCH_CURSOR, description="`next` of the previous page"),
@@ -398,7 +446,7 @@ async def redrive(request: RedriveRequest, grant: Operator) -> BulkAnswer:
     return _answer(outcome)
 
 
-async def acknowledge_in_bulk(request: BulkRequest, grant: Grant) -> BulkAnswer:
+async def acknowledge_in_bulk(request: AcknowledgeRequest, grant: Grant) -> BulkAnswer:
     """`POST /v1/exhaustions/acknowledge` with a filter or identities (`app.api.claims`)."""
     if not grant.key.may("operator"):
         raise HTTPException(403, "this API key lacks the operator scope")

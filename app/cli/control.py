@@ -68,12 +68,18 @@ def _bot(value: str) -> str:
 def _rate(value: str) -> float | None:
     if value == "off":
         return None
+    return _pace(value, "a number or 'off'")
+
+
+def _pace(value: str, wanted: str = "a number") -> float:
     try:
         rate = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number or 'off'") from None
-    if not 0 < rate <= 1_000_000:
-        raise argparse.ArgumentTypeError(f"{value!r} is not in (0, 1000000] per second")
+        raise argparse.ArgumentTypeError(f"{value!r} is not {wanted}") from None
+    if not validate.MIN_RATE <= rate <= validate.MAX_RATE:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not in [{validate.MIN_RATE}, {validate.MAX_RATE}] per second"
+        )
     return rate
 
 
@@ -476,7 +482,7 @@ def add_exhaustion_actions(actions: SubCommands) -> None:
     )
     _filter_arguments(redrive)
     redrive.add_argument(
-        "--rate", type=float, help="pace at this many updates per second (default: at once)"
+        "--rate", type=_pace, help="pace at this many updates per second (default: at once)"
     )
     redrive.set_defaults(handler=_redrive)
     ack = actions.add_parser(

@@ -39,22 +39,26 @@ class Problem(Message):
     error: str
 
 
+Attempt = Annotated[StrictInt, Field(ge=1, le=MAX_INTEGER, examples=[1])]
+ClaimId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        pattern=NO_NUL,
+        examples=["0f9c3e9e-8a53-4c39-9d5e-2d6f3c1b7a10"],
+        description="opaque; compared exactly",
+    ),
+]
+
+
 class Identity(Message):
     """One attempt: what `X-Intake-Bot`, `-Update-Id`, `-Attempt` and `-Claim-Id` carried."""
 
     bot: BotName
     update_id: UpdateId
-    attempt: Annotated[StrictInt, Field(ge=1, le=MAX_INTEGER, examples=[1])]
-    claim_id: Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=64,
-            pattern=NO_NUL,
-            examples=["0f9c3e9e-8a53-4c39-9d5e-2d6f3c1b7a10"],
-            description="opaque; compared exactly",
-        ),
-    ]
+    attempt: Attempt
+    claim_id: ClaimId
 
     def key(self) -> str:
         """`bot:update_id`, the idempotency key of the update's effects."""

@@ -99,12 +99,18 @@ def status(name: str, value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+# Rates, per second: from one per 1,000 s (a redrive paced slower would push due times past
+# BIGINT) to a million.
+MIN_RATE = 0.001
+MAX_RATE = 1_000_000
+
+
 def rate(name: str, value: Any) -> float | None:
-    """Attempts per second: a positive finite number, or None for no limit."""
+    """Attempts per second: a number in [MIN_RATE, MAX_RATE], or None for no limit."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} {value!r} is not a number")
-    if not 0 < value <= 1_000_000:
-        raise ValueError(f"{name} {value!r} is not in (0, 1000000] per second")
+    if not MIN_RATE <= value <= MAX_RATE:
+        raise ValueError(f"{name} {value!r} is not in [{MIN_RATE}, {MAX_RATE}] per second")
     return float(value)

@@ -150,12 +150,12 @@ async def test_an_operations_key_is_403_on_the_claim_routes(sqlite_api: Api) -> 
     assert await sqlite_api.row() == before
 
 
-async def test_a_callback_key_is_403_on_the_operations_routes(sqlite_api: Api) -> None:
+async def test_a_callback_key_is_403_on_the_viewer_routes(sqlite_api: Api) -> None:
     await sqlite_api.add("shop", 1)
     for path in ("/v1/stats", "/v1/exhaustions", "/v1/updates/shop/1"):
         response = await sqlite_api.get(path, key=CALLBACK_KEY)
         assert response.status_code == 403, path
-        assert response.json() == {"error": "this API key lacks the operations scope"}
+        assert response.json() == {"error": "this API key lacks the viewer scope"}
 
 
 async def test_acknowledge_is_allowed_with_either_scope(sqlite_api: Api) -> None:

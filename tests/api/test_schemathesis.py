@@ -113,7 +113,7 @@ def test_the_v1_api_answers_as_its_document_says(api_schema: Any, served: Served
     # plugin (its collection hook does not work with this pytest).
     headers = bearer(KEY)
     operations = [result.ok() for result in api_schema.get_all_operations()]
-    assert len(operations) == 7, [operation.label for operation in operations]
+    assert len(operations) == 16, [operation.label for operation in operations]
     for operation in operations:
 
         @given(case=operation.as_strategy())
@@ -137,11 +137,23 @@ def test_the_v1_api_answers_as_its_document_says(api_schema: Any, served: Served
             # Its ignored-auth check cannot tell our key from a key of its own making, and
             # resends this one as "invalid"; tests/api/test_auth.py checks every route of
             # the app for 401 without a key and with a wrong one.
-            case.call_and_validate(
-                base_url=served.base, headers=headers, excluded_checks=[checks.ignored_auth]
-            )
+            excluded = [checks.ignored_auth]
+            if (case.method, case.path) in RULES_BEYOND_THE_SCHEMA:
+                excluded.append(checks.positive_data_acceptance)
+            case.call_and_validate(base_url=served.base, headers=headers, excluded_checks=excluded)
 
         answers_as_documented()
+
+
+# Bodies with a rule JSON Schema does not state: an identity or a selection, not both; an
+# empty filter only with `all: true`; a park's bot and update_id, if given, the path's
+# (tests/api/test_control.py tests those 422s). For these, a body the schema accepts may be
+# refused; every other check still holds.
+RULES_BEYOND_THE_SCHEMA = {
+    ("POST", "/v1/exhaustions/acknowledge"),
+    ("POST", "/v1/exhaustions/redrive"),
+    ("POST", "/v1/updates/{bot}/{update_id}/park"),
+}
 
 
 def _as_integers(value: Any) -> Any:

@@ -152,10 +152,15 @@ class ControlMethods(DurableMethods):
             if row is None:
                 return wanted
             rate = float(row.rate_per_second)
-            elapsed = max(0, now - int(row.refilled_at))
+            # The bucket's clock never goes back: a caller whose `now` is behind the last
+            # refill (read before it waited for this row's lock, or a process whose clock is a
+            # little behind) refills nothing and leaves the refill time as it is. Moved back,
+            # the next caller would be paid again for time already paid for.
+            refilled = max(now, int(row.refilled_at))
+            elapsed = refilled - int(row.refilled_at)
             tokens = min(max(rate, 1.0), float(row.tokens) + elapsed * rate / 1000)
             granted = min(wanted, int(tokens))
-            spend = control.spend_tokens(table, bot=bot, tokens=tokens - granted, at=now)
+            spend = control.spend_tokens(table, bot=bot, tokens=tokens - granted, at=refilled)
             await connection.execute(spend)
         return granted
 
