@@ -14,7 +14,7 @@ import getpass
 import json
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -145,48 +145,45 @@ def _bots(settings: Settings, args: argparse.Namespace) -> int:
     return _run(settings, work)
 
 
-def _pause(settings: Settings, args: argparse.Namespace) -> int:
-    if not _known(settings, args.bot):
+def _bot_action(
+    settings: Settings, bot: str, act: Callable[[OperatorStore, int], Awaitable[str]]
+) -> int:
+    """Run one action on a configured bot at the database's now and print what it did."""
+    if not _known(settings, bot):
         return 2
 
     async def work(store: OperatorStore) -> int:
-        now = await store.database_time()
-        if await store.pause(args.bot, at=now, by=actor(), reason=args.reason):
-            print(f"paused {args.bot}: no new attempts in any process; updates are still recorded")
-        else:
-            print(f"{args.bot} was paused already")
+        print(await act(store, await store.database_time()))
         return 0
 
     return _run(settings, work)
+
+
+def _pause(settings: Settings, args: argparse.Namespace) -> int:
+    async def pause(store: OperatorStore, now: int) -> str:
+        if await store.pause(args.bot, at=now, by=actor(), reason=args.reason):
+            return f"paused {args.bot}: no new attempts in any process; updates are still recorded"
+        return f"{args.bot} was paused already"
+
+    return _bot_action(settings, args.bot, pause)
 
 
 def _resume(settings: Settings, args: argparse.Namespace) -> int:
-    if not _known(settings, args.bot):
-        return 2
-
-    async def work(store: OperatorStore) -> int:
-        now = await store.database_time()
+    async def resume(store: OperatorStore, now: int) -> str:
         if await store.resume(args.bot, at=now, by=actor()):
-            print(f"resumed {args.bot}")
-        else:
-            print(f"{args.bot} was not paused")
-        return 0
+            return f"resumed {args.bot}"
+        return f"{args.bot} was not paused"
 
-    return _run(settings, work)
+    return _bot_action(settings, args.bot, resume)
 
 
 def _rate_limit(settings: Settings, args: argparse.Namespace) -> int:
-    if not _known(settings, args.bot):
-        return 2
-
-    async def work(store: OperatorStore) -> int:
-        now = await store.database_time()
+    async def limit(store: OperatorStore, now: int) -> str:
         await store.set_rate_limit(args.bot, args.rate, at=now, by=actor())
         limit = "no limit" if args.rate is None else f"at most {args.rate:g} attempts/s"
-        print(f"{args.bot}: {limit}, across every worker process")
-        return 0
+        return f"{args.bot}: {limit}, across every worker process"
 
-    return _run(settings, work)
+    return _bot_action(settings, args.bot, limit)
 
 
 # -- updates and attempts ------------------------------------------------------------------------

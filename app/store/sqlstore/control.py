@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table
+from sqlalchemy import ColumnElement, Table, Update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store import control, history, validate
@@ -37,6 +37,7 @@ SEARCH_WINDOW = 1_000  # rows a body search reads per page, at most
 MAX_REASON = 500
 Selection = ExhaustionFilter | Sequence[ClaimIdentity]
 Progress = Callable[[int], None]
+Cursor = tuple[str, int] | None  # a bulk action's place: the last key it took
 
 
 class ControlMethods(DurableMethods):
@@ -227,47 +228,22 @@ class ControlMethods(DurableMethods):
         when None), its attempt numbers continuing. A dry run counts exactly what a real run
         would take now, and changes nothing. `progress` hears the count redriven so far."""
         self._operator_tables("redrive")
-        at, by = validate.millis("at", at), _actor(by)
         rate = validate.rate("rate_per_second", rate_per_second)
-        rule, detail = self._rule(selection)
-        if validate.flag("dry_run", dry_run):
-            return await self._dry_run(rule)
         interval = 0.0 if rate is None else 1000.0 / rate
-        sample = (await self._dry_run(rule)).sample
-        done = 0
-        cursor: tuple[str, int] | None = None
-        while True:
-            statement = control.redrive(
-                self.table,
-                rule,
-                after=cursor,
-                limit=BULK_BATCH,
-                start=at + int(done * interval),
-                interval_ms=interval,
+
+        def batch(rule: ColumnElement[bool], after: Cursor, done: int) -> Update:
+            start = at + int(done * interval)  # the pace goes on from the last batch
+            return control.redrive(
+                self.table, rule, after=after, limit=BULK_BATCH, start=start, interval_ms=interval
             )
-            async with self.transaction() as connection:
-                keys = (await connection.execute(statement)).all()
-            done += len(keys)
-            if progress is not None and keys:
-                progress(done)
-            if len(keys) < BULK_BATCH:
-                break
-            cursor = max((row.bot, row.update_id) for row in keys)
-        detail["rate_per_second"] = rate
-        async with self.transaction() as connection:
-            await self._record(
-                connection,
-                at=at,
-                by=by,
-                action="redrive",
-                target=_target(selection),
-                detail=detail,
-                matched=done,
-                changed=done,
-            )
-        if done:
+
+        outcome = await self._in_batches(
+            "redrive", selection, batch, at=at, by=by, dry_run=dry_run, progress=progress,
+            detail={"rate_per_second": rate},
+        )  # fmt: skip
+        if outcome.changed:
             await self.announce()
-        return BulkOutcome(done, done, sample)
+        return outcome
 
     async def acknowledge_exhaustions(
         self,
@@ -281,19 +257,41 @@ class ControlMethods(DurableMethods):
         """Acknowledge the selected open exhaustions (each as `acknowledge_exhaustion` does
         one); a dry run counts exactly what a real run would take now."""
         self._operator_tables("acknowledge_exhaustions")
+
+        def batch(rule: ColumnElement[bool], after: Cursor, done: int) -> Update:
+            return control.acknowledge_exhaustions(
+                self.table, rule, after=after, limit=BULK_BATCH, at=at
+            )
+
+        return await self._in_batches(
+            "acknowledge", selection, batch, at=at, by=by, dry_run=dry_run, progress=progress
+        )
+
+    async def _in_batches(
+        self,
+        action: str,
+        selection: Selection,
+        batch: Callable[[ColumnElement[bool], Cursor, int], Update],
+        *,
+        at: int,
+        by: str,
+        dry_run: bool,
+        progress: Progress | None,
+        detail: dict[str, Any] | None = None,
+    ) -> BulkOutcome:
+        """A bulk action: the dry run's count and sample, or `batch` after batch (each given
+        the rule, the cursor and the count so far; each its own transaction) until one comes
+        up short, then one audit record of the whole."""
         at, by = validate.millis("at", at), _actor(by)
-        rule, detail = self._rule(selection)
+        rule, selected = self._rule(selection)
         if validate.flag("dry_run", dry_run):
             return await self._dry_run(rule)
         sample = (await self._dry_run(rule)).sample
         done = 0
-        cursor: tuple[str, int] | None = None
+        cursor: Cursor = None
         while True:
-            statement = control.acknowledge_exhaustions(
-                self.table, rule, after=cursor, limit=BULK_BATCH, at=at
-            )
             async with self.transaction() as connection:
-                keys = (await connection.execute(statement)).all()
+                keys = (await connection.execute(batch(rule, cursor, done))).all()
             done += len(keys)
             if progress is not None and keys:
                 progress(done)
@@ -305,9 +303,9 @@ class ControlMethods(DurableMethods):
                 connection,
                 at=at,
                 by=by,
-                action="acknowledge",
+                action=action,
                 target=_target(selection),
-                detail=detail,
+                detail=selected | (detail or {}),
                 matched=done,
                 changed=done,
             )
