@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -282,6 +283,12 @@ def test_api_keys_in_the_file_may_be_limited_to_bots_and_scopes(tmp_path: Path) 
             '[[api_keys]]\nkey = "twice-over.0123456789"\n',
             "a key appears more than once",
         ),
+        (
+            '[[api_keys]]\nkey = "first-name.0123456789"\nname = "ops"\n'
+            '[[api_keys]]\nkey = "other-name.0123456789"\nname = "ops"\n',
+            "a name appears more than once",
+        ),
+        ('[[api_keys]]\nkey = "bad-name.0123456789"\nname = "a\\nb"\n', "api_keys.0.name"),
     ],
 )
 def test_invalid_api_keys_name_the_problem_and_never_the_key(
@@ -293,6 +300,32 @@ def test_invalid_api_keys_name_the_problem_and_never_the_key(
     message = describe(raised.value)
     assert field in message
     assert "0123456789" not in message + str(raised.value)
+
+
+def test_viewer_and_operator_scopes_and_key_names(tmp_path: Path) -> None:
+    (tmp_path / "intake.toml").write_text(
+        TOML
+        + '[[api_keys]]\nkey = "viewer-key.0123456789"\nname = "dashboards"\n'
+        + 'scopes = ["viewer"]\n'
+        + '[[api_keys]]\nkey = "operator-key.0123456789"\nscopes = ["operator"]\n'
+        + '[[api_keys]]\nkey = "legacy-key.0123456789"\nscopes = ["operations"]\n'
+    )
+    viewer, operator, legacy = Settings().api_keys
+    assert viewer.label == "dashboards"
+    assert [viewer.may(s) for s in ("viewer", "operator", "callback")] == [True, False, False]
+    # `operator` includes `viewer`; `operations` is its older name.
+    for key in (operator, legacy):
+        assert [key.may(s) for s in ("viewer", "operator", "callback")] == [True, True, False]
+    # Without a name, a key is named by a hash of it: never the key, and stable.
+    assert re.fullmatch(r"key-[0-9a-f]{8}", operator.label)
+    assert "operator-key" not in operator.label
+    assert operator.label == Settings().api_keys[1].label != legacy.label
+
+
+def test_the_attempt_history_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().store_options()["history"] is True
+    monkeypatch.setenv("INTAKE_ATTEMPT_HISTORY", "false")
+    assert Settings().store_options()["history"] is False
 
 
 def test_behind_pgbouncer_the_listen_url_is_normalised_and_kept_out_of_repr(
