@@ -177,6 +177,9 @@ class AcknowledgeRequest(BulkRequest):
         given = [name for name in IDENTITY_FIELDS if getattr(self, name) is not None]
         if given and (self.filter is not None or self.identities):
             raise ValueError(f"give an identity or a selection, not both ({', '.join(given)})")
+        if given and (self.dry_run or self.all):
+            # The single form acts at once: a dry run of it would acknowledge for real.
+            raise ValueError("dry_run and all go with a filter or identities, not one identity")
         return self
 
     def identity(self) -> ClaimIdentity | None:
@@ -431,15 +434,12 @@ async def redrive(request: RedriveRequest, grant: Operator) -> BulkAnswer:
         grant.bot(name)  # 404 unless configured: no worker would deliver a redriven update
     selection = _selection(request, grant)
     services = grant.services
-    rate = request.rate_per_second
-    if rate is None:
-        rate = await _bots_rate(grant, request)
     outcome = await services.store.redrive(
         selection,
         at=services.now(),
         by=grant.key.label,
         dry_run=request.dry_run,
-        rate_per_second=rate,
+        rate_per_second=request.rate_per_second,
     )
     if outcome.changed:
         await services.wake()
@@ -511,20 +511,6 @@ def _selection(request: BulkRequest, grant: Grant) -> ExhaustionFilter | list[Cl
         exhausted_after=chosen.exhausted_after,
         exhausted_before=chosen.exhausted_before,
     )
-
-
-async def _bots_rate(grant: Grant, request: RedriveRequest) -> float | None:
-    """A redrive of one bot's exhaustions goes at that bot's rate limit, if it has one."""
-    if request.filter is not None and request.filter.bot is not None:
-        names = [request.filter.bot]
-    elif request.identities:
-        names = sorted({identity.bot for identity in request.identities})
-    else:
-        return None
-    if len(names) != 1:
-        return None
-    controls = await grant.services.store.bot_controls(names)
-    return controls[0].rate_per_second if controls else None
 
 
 def _answer(outcome: BulkOutcome) -> BulkAnswer:

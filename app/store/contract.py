@@ -378,8 +378,9 @@ class OperatorStore(DurableUpdateStore, Protocol):
     ) -> BulkOutcome:
         """Deliver the selected open exhaustions (by filter, or by exact identities) again:
         each stops being an exhaustion and becomes a retry with a fresh attempt budget, due
-        from `at`, paced at `rate_per_second` in key order; its attempt numbers continue, so
-        no earlier identity matches again. A dry run counts exactly what a real run would
+        from `at`, paced at `rate_per_second` in key order (without one: a selection of one
+        bot at that bot's rate limit, else all at once); its attempt numbers continue, so no
+        earlier identity matches again. A dry run counts exactly what a real run would
         take now, with a sample, and changes nothing."""
         ...
 

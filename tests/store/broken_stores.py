@@ -505,3 +505,15 @@ class AuditForgetsTheKey(SqlUpdateStore):
 CONTROLS[AuditForgetsTheKey] = (
     "every operator action is in the audit log under its key's name, newest first"
 )
+
+
+class RedriveIgnoresTheBotsRate(SqlUpdateStore):
+    """A redrive without a rate that makes everything due at once, whatever the bot's limit."""
+
+    async def _one_bots_rate(self, selection: Any) -> float | None:
+        return None
+
+
+CONTROLS[RedriveIgnoresTheBotsRate] = (
+    "a redrive of one bot without a rate goes at that bot's rate limit"
+)

@@ -318,3 +318,18 @@ async def _audit(store: OperatorStore, f: _Findings) -> None:
         f.equal(json.loads(entries[5].detail or "{}"), {"reason": "deploy"}, "the pause's reason")
         page = await store.audit_log(after=entries[1].id, limit=2)
         f.equal([e.id for e in page], [e.id for e in entries[2:4]], "the page after the second")
+
+
+@_rule("a redrive of one bot without a rate goes at that bot's rate limit", "durable")
+async def _redrive_at_the_bots_rate(store: OperatorStore, f: _Findings) -> None:
+    for update_id in (1, 2, 3):
+        await _exhausted(store, update_id)
+    await _exhausted(store, 4, bot=OTHER_BOT)
+    await store.set_rate_limit(BOT, 5.0, at=0, by=OPERATOR)
+    done = await store.redrive(ExhaustionFilter(bots=(BOT,)), at=1_000, by=OPERATOR)
+    f.equal(done.matched, 3, "the redrive")
+    due = [row.due_at for i in (1, 2, 3) if (row := await store.get_update(BOT, i))]
+    f.equal(due, [1_000, 1_200, 1_400], "due times at 5 per second")
+    other = await store.redrive(ExhaustionFilter(bots=(OTHER_BOT,)), at=1_000, by=OPERATOR)
+    row = await store.get_update(OTHER_BOT, 4)
+    f.equal((other.matched, row and row.due_at), (1, 1_000), "a bot without a limit")

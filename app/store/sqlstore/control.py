@@ -224,11 +224,14 @@ class ControlMethods(DurableMethods):
         progress: Progress | None = None,
     ) -> BulkOutcome:
         """Deliver the selected open exhaustions again: each becomes a retry with a fresh
-        attempt budget, due from `at` paced at `rate_per_second` in key order (all at once
-        when None), its attempt numbers continuing. A dry run counts exactly what a real run
-        would take now, and changes nothing. `progress` hears the count redriven so far."""
+        attempt budget, due from `at` paced at `rate_per_second` in key order, its attempt
+        numbers continuing. Without a rate, a selection of one bot goes at that bot's rate
+        limit, and any other all at once. A dry run counts exactly what a real run would take
+        now, and changes nothing. `progress` hears the count redriven so far."""
         self._operator_tables("redrive")
         rate = validate.rate("rate_per_second", rate_per_second)
+        if rate is None and not dry_run:
+            rate = await self._one_bots_rate(selection)
         interval = 0.0 if rate is None else 1000.0 / rate
 
         def batch(rule: ColumnElement[bool], after: Cursor, done: int) -> Update:
@@ -244,6 +247,17 @@ class ControlMethods(DurableMethods):
         if outcome.changed:
             await self.announce()
         return outcome
+
+    async def _one_bots_rate(self, selection: Selection) -> float | None:
+        """The rate limit of the one bot a selection names, if it names one and it has one."""
+        if isinstance(selection, ExhaustionFilter):
+            names = set(selection.bots or ())
+        else:
+            names = {identity.bot for identity in selection}
+        if len(names) != 1:
+            return None
+        controls = await self.bot_controls(list(names))
+        return controls[0].rate_per_second
 
     async def acknowledge_exhaustions(
         self,
