@@ -432,7 +432,7 @@ async def redrive(request: RedriveRequest, grant: Operator) -> BulkAnswer:
     named = [request.filter.bot] if request.filter and request.filter.bot else []
     for name in named + [identity.bot for identity in request.identities or ()]:
         grant.bot(name)  # 404 unless configured: no worker would deliver a redriven update
-    selection = _selection(request, grant)
+    selection = _selection(request, grant, configured=True)
     services = grant.services
     outcome = await services.store.redrive(
         selection,
@@ -492,7 +492,12 @@ def _visible(grant: Grant) -> list[str]:
     return [name for name in names if allowed is None or name in allowed]
 
 
-def _selection(request: BulkRequest, grant: Grant) -> ExhaustionFilter | list[ClaimIdentity]:
+def _selection(
+    request: BulkRequest, grant: Grant, *, configured: bool = False
+) -> ExhaustionFilter | list[ClaimIdentity]:
+    """What a bulk action takes, within the key's bots; with `configured`, only within the
+    configured bots too (a redriven update of a bot no worker serves would never be
+    delivered)."""
     if request.identities is not None:
         for identity in request.identities:
             grant.allow(identity.bot)
@@ -503,6 +508,8 @@ def _selection(request: BulkRequest, grant: Grant) -> ExhaustionFilter | list[Cl
     if chosen.bot is not None:
         grant.allow(chosen.bot)  # a bot no longer configured may still have exhaustions
     bots = (chosen.bot,) if chosen.bot is not None else grant.bots(None)
+    if bots is None and configured:
+        bots = _visible(grant)
     return ExhaustionFilter(
         bots=None if bots is None else tuple(bots),
         update_type=chosen.update_type,

@@ -351,9 +351,11 @@ def _audit(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _selection(
-    settings: Settings, args: argparse.Namespace
+    settings: Settings, args: argparse.Namespace, *, configured: bool = False
 ) -> ExhaustionFilter | list[ClaimIdentity] | None:
-    """The filter or identity the arguments name; None (and a message) when they name none."""
+    """The filter or identity the arguments name; None (and a message) when they name none.
+    With `configured`, a filter without --bot covers the configured bots only (a redriven
+    update of a bot no worker serves would never be delivered)."""
     if args.identity:
         if len(args.identity) != 4:
             print("an identity is BOT UPDATE_ID ATTEMPT CLAIM_ID", file=sys.stderr)
@@ -365,14 +367,20 @@ def _selection(
             print(f"not an identity: {error}", file=sys.stderr)
             return None
     chosen = ExhaustionFilter(
-        bots=None if args.bot is None else (args.bot,),
+        bots=(args.bot,)
+        if args.bot is not None
+        else tuple(bot.name for bot in settings.bots)
+        if configured
+        else None,
         update_type=args.type,
         chat=args.chat,
         error_contains=args.error_contains,
         exhausted_after=args.exhausted_after,
         exhausted_before=args.exhausted_before,
     )
-    if chosen == ExhaustionFilter() and not (args.all or args.dry_run):
+    criteria = (args.bot, args.type, args.chat, args.error_contains)
+    named = any(c is not None for c in (*criteria, args.exhausted_after, args.exhausted_before))
+    if not named and not (args.all or args.dry_run):
         print(
             "name what to act on (a filter or an identity), or pass --all to act on every "
             "open exhaustion",
@@ -408,7 +416,12 @@ def _progress(args: argparse.Namespace) -> Callable[[int], None] | None:
 
 
 def _redrive(settings: Settings, args: argparse.Namespace) -> int:
-    selection = _selection(settings, args)
+    named = [args.bot] if args.bot else []
+    if args.identity:
+        named.append(args.identity[0])
+    if not all(_known(settings, bot) for bot in named):
+        return 2  # no worker would deliver a redriven update of a bot not configured
+    selection = _selection(settings, args, configured=True)
     if selection is None:
         return 2
 

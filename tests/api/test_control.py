@@ -16,8 +16,10 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 from app.store import ClaimIdentity, Completed, Failed
+from app.store.sqlstore import control as control_store
 from tests.api.conftest import (
     CALLBACK_KEY,
     KEY,
@@ -43,7 +45,8 @@ NO_SUCH_CLAIM = "00000000-0000-4000-8000-000000000000"
 async def snapshot(api: Api) -> tuple[Any, ...]:
     """Everything an action could change: every row, the bots' controls, the audit log."""
     rows = table_rows(api.url, "*")
-    history = table_rows(api.url, "*", table="telegram_updates_attempts")
+    # Ordered by key only: an update's attempts in a stable order of their own.
+    history = sorted(table_rows(api.url, "*", table="telegram_updates_attempts"), key=repr)
     controls = await api.store.bot_controls(None)
     audit = await api.store.audit_log(limit=500)
     return rows, history, controls, audit
@@ -145,7 +148,9 @@ async def test_bots_show_a_bots_limited_key_only_its_bots_and_the_breaker(api: A
     # An open breaker past the bot's cooldown (30 s by default) may let a probe out.
     await api.store.report_breaker("news", "open", at=now_ms() - 60_000)
     await api.store.report_breaker("shop", "open", at=now_ms())
-    breakers = {item["bot"]: item["breaker"] for item in (await api.get("/v1/bots")).json()["items"]}
+    breakers = {
+        item["bot"]: item["breaker"] for item in (await api.get("/v1/bots")).json()["items"]
+    }
     assert breakers == {"shop": "open", "news": "half_open", "ledger": None, "legacy": None}
 
 
@@ -192,6 +197,20 @@ async def test_pause_holds_every_claim_of_the_bot_and_resume_releases_it(api: Ap
     }
     assert not (await api.store.bot_controls(["shop"]))[0].paused
     assert await claim_all(api) == [("shop", 1), ("shop", 2)]
+
+
+async def test_pause_holds_a_plain_bots_claims_too(api: Api) -> None:
+    await api.add("legacy", 1)
+    assert (await api.post("/v1/bots/legacy/pause", {})).json()["changed"] is True
+    now = now_ms()
+    assert (
+        await api.store.claim("legacy", 1, now=now, lease_until=now + 60_000, max_attempts=8)
+        is None
+    )
+    assert (await api.post("/v1/bots/legacy/resume", None)).json()["changed"] is True
+    assert (
+        await api.store.claim("legacy", 1, now=now, lease_until=now + 60_000, max_attempts=8) == 1
+    )
 
 
 async def test_pause_without_a_body_or_reason_pauses(api: Api) -> None:
@@ -256,6 +275,10 @@ async def test_rate_limit_refuses_a_rate_that_is_not_a_positive_number(api: Api)
         {"per_second": [1]},
         {"per_second": {"n": 1}},
         {"per_second": 1e7},
+        {"per_second": 1e-300},  # paced this slowly, a redrive's due times pass BIGINT
+        {"per_second": 0.0009},
+        {"per_second": True},  # a number, never a boolean
+        {"per_second": "10"},  # nor a string
         {},
         {"per_second": 1, "burst": 2},
     ]:
@@ -290,9 +313,7 @@ async def searchable(api: Api) -> int:
     for bot, update_id, seconds, kind, chat, text in rows:
         body = json.dumps({"update_id": update_id, "message": {"text": text}})
         received = base + seconds * 1000
-        assert await api.store.add(
-            bot, update_id, body, received, update_type=kind, queue_key=chat
-        )
+        assert await api.store.add(bot, update_id, body, received, update_type=kind, queue_key=chat)
     now = now_ms()
     shop3 = await api.store.claim_owned(
         "shop", 3, now=now, lease_until=now + 60_000, max_attempts=8, durable_exhaustion=True
@@ -334,8 +355,7 @@ async def test_search_filters_rows_newest_first(api: Api) -> None:
         ({"received_after": base + 7_000}, []),
         ({"contains": "refund"}, [("shop", 3)]),
         ({"contains": "100%"}, [("news", 1)]),  # a LIKE wildcard, matched as itself
-        ({"contains": "_"}, [("shop", 1), ("shop", 2), ("shop", 3), ("news", 1), ("news", 2),
-                             ("shop", 4)][::-1]),  # fmt: skip
+        ({"contains": "_"}, everything),  # every body has "update_id": `_` is no wildcard
         ({"contains": "e", "bot": "shop", "update_type": "message", "chat": "42"}, [("shop", 1)]),
         ({"contains": "nowhere"}, []),
     ]
@@ -392,6 +412,36 @@ async def test_search_pages_visit_each_row_once_across_ties_and_bots(api: Api) -
     assert first["next"] == f"{last['received_at']}:{last['bot']}:{last['update_id']}"
 
 
+async def test_a_body_search_pages_through_a_bounded_window_at_a_time(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each page reads at most SEARCH_WINDOW rows of the other filters (1,000; 6 here): a page
+    # may come back short, or empty, with `next` set, and paging still finds every match once.
+    monkeypatch.setattr(control_store, "SEARCH_WINDOW", 6)
+    base = now_ms() - 1_000_000
+    for index in range(30):
+        text = "needle" if index in (0, 1, 2, 13, 29) else "hay"
+        body = json.dumps({"update_id": index, "message": {"text": f"{text} {index}"}})
+        assert await api.store.add("shop", index, body, base + index * 1000)
+    expected = [("shop", n) for n in (29, 13, 2, 1, 0)]
+    for limit in (1, 2, 3, 10):
+        found: list[tuple[str, int]] = []
+        sizes = []
+        after: dict[str, str] = {}
+        for _ in range(40):
+            response = await api.get("/v1/updates", contains="needle", limit=limit, **after)
+            page = response.json()
+            found += keys_of(response)
+            sizes.append(len(page["items"]))
+            if page["next"] is None:
+                break
+            after = {"after": page["next"]}
+        else:
+            raise AssertionError(f"paging does not end: {limit}")
+        assert found == expected, limit
+        assert 0 in sizes, (limit, sizes)  # a window of hay alone: an empty page, not the end
+
+
 async def test_search_shows_a_bots_limited_key_only_its_bots(api: Api) -> None:
     await api.add("shop", 1)
     await api.add("news", 1)
@@ -437,6 +487,15 @@ async def test_search_refuses_a_malformed_cursor_or_filter(sqlite_api: Api) -> N
     assert end.json() == {"items": [], "next": None}
 
 
+async def test_search_refuses_a_nul_in_a_text_filter(api: Api) -> None:
+    # PostgreSQL text cannot hold one: refused before the database is asked, on either backend.
+    await api.add("shop", 1)
+    for field in ("chat", "update_type", "contains"):
+        response = await api.get("/v1/updates", **{field: "a\x00b"})
+        assert response.status_code == 422, field
+        assert field in error_of(response), field
+
+
 # -- GET /v1/updates/{bot}/{update_id}/attempts ------------------------------------------------
 
 
@@ -452,7 +511,8 @@ async def test_attempts_list_every_attempt_with_outcome_status_and_worker(api: A
     response = await api.get("/v1/updates/shop/1/attempts", key=VIEWER_KEY)
     assert response.status_code == 200, response.text
     one, two = response.json()["items"]
-    assert one["attempt"] == 1 and one["claim_id"] == first.claim_id
+    assert one["attempt"] == 1
+    assert one["claim_id"] == first.claim_id
     assert (one["outcome"], one["status_code"], one["error"]) == (
         "failed",
         502,
@@ -461,7 +521,8 @@ async def test_attempts_list_every_attempt_with_outcome_status_and_worker(api: A
     assert one["ended_at"] == failed_at
     assert one["duration_ms"] == failed_at - one["started_at"] >= 0
     assert one["worker"] == api.store.worker
-    assert two["attempt"] == 2 and two["claim_id"] == second.claim_id
+    assert two["attempt"] == 2
+    assert two["claim_id"] == second.claim_id
     assert (two["outcome"], two["status_code"], two["error"]) == (
         "exhausted",
         400,
@@ -547,7 +608,8 @@ async def test_park_ends_the_exact_attempt_as_an_exhaustion_and_frees_its_chat(
         "parked: crashes the handler",
         None,
     )
-    assert row.exhausted_at is not None and between(row.exhausted_at, before, after)
+    assert row.exhausted_at is not None
+    assert between(row.exhausted_at, before, after)
     listed = (await api.get("/v1/exhaustions", key=VIEWER_KEY)).json()["items"]
     assert [(i["bot"], i["update_id"], i["error"]) for i in listed] == [
         ("shop", 1, "parked: crashes the handler")
@@ -604,6 +666,9 @@ async def test_park_refuses_a_body_that_differs_from_the_path_or_is_malformed(ap
         ({**park_body(identity), "bot": "news", "update_id": 1}, "differ from the path"),
         ({"attempt": identity.attempt, "claim_id": identity.claim_id}, "reason"),
         ({**park_body(identity), "reason": ""}, "reason"),
+        ({**park_body(identity), "reason": " \t "}, "reason"),
+        ({**park_body(identity), "reason": "a\x00b"}, "reason"),
+        ({**park_body(identity), "reason": "x" * 501}, "reason"),
         ({**park_body(identity), "attempt": 0}, "attempt"),
         ({**park_body(identity), "attempt": "1"}, "attempt"),
         ({**park_body(identity), "claim_id": ""}, "claim_id"),
@@ -762,12 +827,26 @@ async def test_redrive_paces_at_the_given_rate_or_else_the_bots_limit(api: Api) 
     assert news.json()["changed"] == 2
     first, second = [(await api.row("news", update_id)).due_at for update_id in (1, 2)]
     assert second - first == 250
-    for rate in (0, -1, "fast", 1e7):
+    # The slowest pace, one per 1,000 s: the due times stay far inside BIGINT.
+    for update_id in (3, 4):
+        await api.exhaustion("news", update_id)
+    slowest = await api.post(
+        "/v1/exhaustions/redrive", {"filter": {"bot": "news"}, "rate_per_second": 0.001}
+    )
+    assert slowest.json()["changed"] == 2
+    first, second = [(await api.row("news", update_id)).due_at for update_id in (3, 4)]
+    assert second - first == 1_000_000
+    await api.exhaustion("news", 5)
+    before = await snapshot(api)
+    for rate in (0, -1, "fast", "10", True, 1e7, 1e-300, 0.0009):
         response = await api.post(
-            "/v1/exhaustions/redrive", {"filter": {"bot": "shop"}, "rate_per_second": rate}
+            "/v1/exhaustions/redrive", {"filter": {"bot": "news"}, "rate_per_second": rate}
         )
         assert response.status_code == 422, rate
         assert "rate_per_second" in error_of(response), rate
+    # Nor a bot's limit below the slowest pace.
+    assert (await api.post("/v1/bots/news/rate-limit", {"per_second": 1e-300})).status_code == 422
+    assert await snapshot(api) == before
 
 
 async def test_redrive_of_everything_needs_all_true(api: Api) -> None:
@@ -843,9 +922,7 @@ async def test_redrive_of_an_unknown_or_foreign_bot_is_refused(api: Api) -> None
         assert "not allowed bot 'news'" in error_of(foreign), body
     assert await snapshot(api) == before
     # A key limited to shop acting on every exhaustion acts on shop's only.
-    limited = await api.post(
-        "/v1/exhaustions/redrive", {"filter": {}, "all": True}, key=SHOP_KEY
-    )
+    limited = await api.post("/v1/exhaustions/redrive", {"filter": {}, "all": True}, key=SHOP_KEY)
     assert (limited.json()["matched"], limited.json()["changed"]) == (4, 4)
     assert await listed(api) == [("news", 1)]
 
@@ -870,7 +947,8 @@ async def test_acknowledge_by_filter_dry_run_then_for_real(api: Api) -> None:
     for key in expected:
         row = await api.row(*key)
         assert row.state == "abandoned", key
-        assert row.acknowledged_at is not None and between(row.acknowledged_at, started, finished)
+        assert row.acknowledged_at is not None
+        assert between(row.acknowledged_at, started, finished)
         assert row.settled_at == row.acknowledged_at, key  # prunable from now on
     assert await listed(api) == [("shop", 2), ("shop", 4)]
     needs_all = await api.post("/v1/exhaustions/acknowledge", {"filter": {}})
@@ -899,11 +977,23 @@ async def test_acknowledge_by_identities_and_the_single_identity_form(api: Api) 
     stale_one = await api.post("/v1/exhaustions/acknowledge", wire(stale), key=OPERATOR_KEY)
     assert stale_one.json() == {"acknowledged": False}
     assert await listed(api) == [("news", 1), ("shop", 3), ("shop", 4)]
-    malformed = await api.post(
-        "/v1/exhaustions/acknowledge", {**wire(made[("shop", 3)]), "attempt": 0}
-    )
-    assert malformed.status_code == 422
-    assert "attempt" in error_of(malformed)
+    before = await snapshot(api)
+    shop3 = wire(made[("shop", 3)])
+    for body, named in [
+        ({**shop3, "attempt": 0}, "attempt"),
+        ({**shop3, "claim_id": ""}, "claim_id"),
+        ({k: v for k, v in shop3.items() if k != "claim_id"}, "missing claim_id"),
+        ({**shop3, "extra": 1}, "extra"),
+        # The single form acts at once: a dry run of it must not acknowledge for real.
+        ({**shop3, "dry_run": True}, "dry_run"),
+        ({**shop3, "all": True}, "all"),
+        ({**shop3, "filter": {"bot": "shop"}}, "not both"),
+        ({**shop3, "identities": [shop3]}, "not both"),
+    ]:
+        response = await api.post("/v1/exhaustions/acknowledge", body)
+        assert response.status_code == 422, body
+        assert named in error_of(response), (body, response.text)
+    assert await snapshot(api) == before
 
 
 async def test_acknowledge_in_bulk_needs_the_operator_scope(api: Api) -> None:
@@ -984,7 +1074,10 @@ async def test_operator_keys_act_whatever_their_scope_is_called(api: Api) -> Non
     )
     assert acknowledged.json()["changed"] == 1
     # A callback-only key calls back, and acts on nothing.
-    for path, body in [("/v1/bots/news/pause", None), ("/v1/exhaustions/redrive", {"filter": {}, "all": True})]:  # fmt: skip
+    for path, body in [
+        ("/v1/bots/news/pause", None),
+        ("/v1/exhaustions/redrive", {"filter": {}, "all": True}),
+    ]:
         assert (await api.post(path, body, key=CALLBACK_KEY)).status_code == 403, path
 
 
@@ -1051,7 +1144,8 @@ async def test_every_action_is_in_the_audit_log_under_its_keys_name(api: Api) ->
         (3, 3),
     ]
     ids = [i["id"] for i in items]
-    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
     assert all(between(i["at"], started, finished) for i in items)
     # No key is ever shown, whatever its scope.
     for key in (KEY, OPERATOR_KEY, SHOP_KEY, VIEWER_KEY, CALLBACK_KEY, OPERATIONS_KEY):
