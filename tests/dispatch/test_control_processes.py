@@ -4,13 +4,15 @@ downstream recording every arrival with its time and X-Intake-Attempt, and the d
 record of each attempt (`telegram_updates_attempts.started_at`) as the witness of when an
 attempt started.
 
-- a pause through the API binds both worker processes: no attempt starts later than 1 s after
-  the pause returned (attempts in flight finish), the intake keeps answering 200 and recording,
-  resume wakes the workers at once (their poll is far longer), and per-chat order holds;
+- a pause through the API binds both worker processes (on SQLite: the one `run` process): no
+  attempt starts later than 1 s after the pause returned (attempts in flight finish), the
+  intake keeps answering 200 and recording, resume wakes the workers at once (their poll is
+  far longer), and per-chat order holds;
 - a redrive of 10,000 exhaustions paced at 500/s delivers every one once, in chat order, its
   attempt numbers continuing, never ahead of the pacing;
-- a rate limit holds across 1, 2 and 4 worker processes, measured over a steady window, and a
-  throttled update spends no attempt.
+- a rate limit holds across 1, 2 and 4 worker processes (on SQLite: in a `run` process),
+  measured over a steady window, and a throttled update spends no attempt; and the rate
+  limiter's bucket never turns its clock back (what let 4 processes exceed the limit).
 
 Each test starts its processes with an explicit environment, logs each one's output to files
 under tmp_path (printed when a check fails), and kills whatever is still running at the end.
@@ -33,7 +35,7 @@ from starlette.responses import Response
 from app.intake.updates import classify
 from app.store import NewUpdate, open_store
 from tests.conftest import Storage, table_rows
-from tests.downstream import FakeDownstream, Received, eventually, message, ok
+from tests.downstream import Answer, FakeDownstream, Received, eventually, message, ok
 from tests.processes import SECRET, Process, environment, free_port, processes
 
 pytestmark = pytest.mark.slow
@@ -164,7 +166,7 @@ async def post_updates(
     return answers
 
 
-def slow(seconds: float):  # type: ignore[no-untyped-def]
+def slow(seconds: float) -> Answer:
     """A downstream that takes `seconds` to answer 200: attempts are in flight for a while."""
 
     async def answer(received: Received, request: Request) -> Response:
