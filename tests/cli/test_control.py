@@ -25,7 +25,8 @@ from tests.cli.test_operations import cli
 from tests.conftest import Storage
 from tests.downstream import message, now_ms
 
-pytestmark = pytest.mark.slow  # each test runs the command line as real processes
+# Real processes, but nothing here measures time: these share the parallel workers rather
+# than queue behind the slow group (they are about a hundred command runs).
 
 ACTOR = f"cli:{getpass.getuser()}@{socket.gethostname()}"
 CONFIG = """

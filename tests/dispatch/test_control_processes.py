@@ -199,15 +199,31 @@ async def pause_and_resume(
     chats = 20
     updates = interleaved(chats, range(20))  # 400 updates, 20 a chat
     chat_of = dict(updates)
-    downstream.answer = slow(0.3)
+    # The downstream takes 0.3 s an update; while `gate` is closed it holds every request it
+    # gets, so that attempts are surely in flight when the pause comes, however loaded the
+    # machine is (the pause is asked once one is held, and the gate opens after it returned).
+    gate = asyncio.Event()
+    gate.set()
+    held: list[Received] = []
+
+    async def gated(received: Received, request: Request) -> Response:
+        if not gate.is_set():
+            held.append(received)
+            await gate.wait()
+        return await slow(0.3)(received, request)
+
+    downstream.answer = gated
 
     # Telegram keeps posting throughout; the pause comes while attempts are in flight.
     posting = asyncio.create_task(post_updates(client, base, updates))
     await eventually(lambda: len(downstream.received) >= 30, within=30)
+    gate.clear()
+    await eventually(lambda: bool(held), within=30)
     response = await client.post(
         f"{base}/v1/bots/default/pause", json={"reason": "maintenance"}, headers=AUTH
     )
     paused_at, paused_mono = now_ms(), time.monotonic()
+    gate.set()
     assert response.status_code == 200, response.text
     assert response.json() == {"bot": "default", "changed": True}
 

@@ -55,7 +55,14 @@ async def test_check_names_each_broken_store(
 ) -> None:
     make_store = emptied_stores(storage, kind=broken)
 
-    violations = await check_update_store(make_store)
-
     rule = CONTROLS[broken]
+    # Its own rule only: the control proves that rule can fail (the whole check runs, clean,
+    # on the real store above).
+    violations = await check_update_store(make_store, only=[rule])
+
     assert any(v.startswith(f"{rule}: ") for v in violations), violations
+
+
+async def test_the_check_refuses_an_unknown_rule_name(storage: Storage) -> None:
+    with pytest.raises(ValueError, match="no rules named"):
+        await check_update_store(emptied_stores(storage), only=["no such rule"])

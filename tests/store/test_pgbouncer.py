@@ -23,7 +23,8 @@ def emptied_stores(url: str, **options: object) -> Callable[[], Awaitable[SqlUpd
     async def make_store() -> SqlUpdateStore:
         opened = await open_store(url, **options)  # type: ignore[arg-type]
         async with opened.engine.begin() as connection:
-            await connection.execute(delete(opened.table))
+            for table in opened.table.metadata.sorted_tables:  # with revision 0004's
+                await connection.execute(delete(table))
         return opened
 
     return make_store

@@ -10,7 +10,7 @@ Times are epoch milliseconds; unless a rule says otherwise max_attempts is 2.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from app.store.conformance import (  # noqa: F401 (they register)
     claims,
@@ -37,8 +37,11 @@ _RULES = sorted(
 )
 
 
-async def check_update_store(make_store: MakeStore) -> list[str]:
-    """Run every rule the store's capability calls for; the violations, empty when it conforms."""
+async def check_update_store(
+    make_store: MakeStore, *, only: Collection[str] | None = None
+) -> list[str]:
+    """Run every rule the store's capability calls for (`only`: just the rules so named); the
+    violations, empty when it conforms."""
     probe = await make_store()
     try:
         capability = probe.capability
@@ -47,8 +50,11 @@ async def check_update_store(make_store: MakeStore) -> list[str]:
     if capability not in _LEVELS:
         return [f"capability: {capability!r} is not base, fenced or durable"]
     violations: list[str] = []
+    unknown = set(only or ()) - {name for name, _, _ in _RULES}
+    if unknown:
+        raise ValueError(f"no rules named {sorted(unknown)}")
     for name, level, rule in _RULES:
-        if _LEVELS[level] > _LEVELS[capability]:
+        if _LEVELS[level] > _LEVELS[capability] or (only is not None and name not in only):
             continue
         findings = _Findings(name)
         store = await make_store()

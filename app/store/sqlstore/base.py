@@ -186,16 +186,23 @@ class BaseMethods(SqlCore):
         validate.positive("min_dead_rows", min_dead_rows)
         if not (scale >= 0 and min_age_seconds >= 0):
             raise ValueError(f"scale {scale!r} and min_age_seconds {min_age_seconds!r}")
-        async with self._read() as connection:
-            dead, live, age = await self._backend.dead_rows(connection, self.table)
-        if dead < min_dead_rows + scale * live or (age is not None and age < min_age_seconds):
-            return False
-        async with self._read() as connection:
-            await self._backend.vacuum(connection, self.table)
-            # A vacuum that found the table held by another (SKIP_LOCKED) did nothing: the
-            # last vacuum's time tells.
-            _, _, after = await self._backend.dead_rows(connection, self.table)
-        return after is not None and (age is None or after < age)
+        vacuumed = False
+        # The attempt history (revision 0004) churns as the table does: a row per attempt,
+        # ended by its settle, deleted by prune.
+        for table in (self.table, self.attempts_table):
+            if table is None:
+                continue
+            async with self._read() as connection:
+                dead, live, age = await self._backend.dead_rows(connection, table)
+            if dead < min_dead_rows + scale * live or (age is not None and age < min_age_seconds):
+                continue
+            async with self._read() as connection:
+                await self._backend.vacuum(connection, table)
+                # A vacuum that found the table held by another (SKIP_LOCKED) did nothing:
+                # the last vacuum's time tells.
+                _, _, after = await self._backend.dead_rows(connection, table)
+            vacuumed = vacuumed or (after is not None and (age is None or after < age))
+        return vacuumed
 
     # -- operators' views (beyond SPEC section 4; base level) --------------------------------
 
