@@ -440,9 +440,14 @@ async def test_reclaim_space_vacuums_the_attempt_history_too(postgres_storage: S
         for start in range(0, 2_000, 250):
             assert all(await store.settle_many_owned(settled[start : start + 250]))
         history = "telegram_updates_attempts"
-        await _wait_for_counter(store, "n_dead_tup", lambda n: n >= 2_000, table=history)
-        assert await store.reclaim_space(min_age_seconds=0) is True
-        await _wait_for_counter(store, "n_dead_tup", lambda n: n == 0, table=history)
+        # Its settles' updates are HOT (no indexed column changes), and page pruning takes
+        # some of the old versions away without a vacuum: not every one is left dead.
+        await _wait_for_counter(store, "n_dead_tup", lambda n: n >= 500, table=history)
+        await _wait_for_counter(store, "vacuum_count", lambda n: n == 0, table=history)
+        assert await store.reclaim_space(min_dead_rows=100, min_age_seconds=0) is True
+        await _wait_for_counter(store, "vacuum_count", lambda n: n == 1, table=history)
+        # Not the dead-row count after it: backends report their writes to the counters up to
+        # a second late, so updates made before the vacuum may still be added after it.
     finally:
         await store.close()
 
