@@ -6,7 +6,10 @@ in ./intake.toml (each test's working directory). Every action is recorded under
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import getpass
+import io
 import json
 import os
 import socket
@@ -20,13 +23,40 @@ from typing import Any
 
 import pytest
 
+from app.cli import main
 from app.store import ClaimIdentity, Completed, Failed, SqlUpdateStore, open_store
-from tests.cli.test_operations import cli
 from tests.conftest import Storage
 from tests.downstream import message, now_ms
 
-# Real processes, but nothing here measures time: these share the parallel workers rather
-# than queue behind the slow group (they are about a hundred command runs).
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the command line as `python -m app.cli` would, but in this process (on a thread of
+    its own, for its own event loop): the same `main`, settings from the same environment
+    and ./intake.toml, its output and exit code. About a hundred runs here; a process each
+    cost minutes of the suite. tests/cli/test_operations.py and the `--help` test below run
+    real processes."""
+    saved = {name: os.environ.get(name) for name in ("INTAKE_DATABASE_URL", "INTAKE_SECRET_TOKEN")}
+    os.environ.update(INTAKE_DATABASE_URL=url, INTAKE_SECRET_TOKEN="operator-secret")
+    out, err = io.StringIO(), io.StringIO()
+
+    def run() -> int:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                return main(list(args))
+            except SystemExit as exit:  # argparse's refusals
+                return exit.code if isinstance(exit.code, int) else 2
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            code = pool.submit(run).result(timeout=60)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
 
 ACTOR = f"cli:{getpass.getuser()}@{socket.gethostname()}"
 CONFIG = """
