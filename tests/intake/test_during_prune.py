@@ -35,10 +35,13 @@ SETTLED_AT = 1_577_836_800_000  # 2020-01-01, epoch ms: long ago
 POSTED_IDS = 10**9  # the posted updates' ids start here, above every old row's
 RATE = 40  # posts a second
 LEAD_SECONDS = 8.0  # from the process's start until the old rows become prunable
-# 16 to 21 s here while the claims stay cheap (2 cores), before revision 0004; its three
-# search indexes make every deleted row cost 1.75x on SQLite (200,000 rows: 7.4 s against
-# 4.2 s without them), so the prune of a million now takes 30 to 40 s, more under load.
-PRUNE_DEADLINE_SECONDS = 120.0
+# 16 to 21 s here while the claims stay cheap (2 cores), before revision 0004. Its three
+# search indexes make every deleted row cost 1.75x on SQLite alone (200,000 rows: 7.4 s
+# against 4.2 s without them) and far more beside the intake and the workers: the prune of a
+# million took 76 s alone and did not end within 120 s in the full suite (788,000 rows).
+# Issue 21 (SQLite at speed) is where this cost is to be won back; the test's point, every
+# post answered 200 after its commit while the prune runs, holds throughout.
+PRUNE_DEADLINE_SECONDS = 240.0
 
 # Completed rows as the store leaves them (app/store/schema.py): due_at == settled_at, one
 # attempt, its claim_id kept. Generated in the database, in one transaction: seconds.
