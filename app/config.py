@@ -105,15 +105,7 @@ class BotOptions(BaseModel):
     @field_validator("signing_secret")
     @classmethod
     def _check_signing_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None:
-            secret = value.get_secret_value().removeprefix("whsec_")
-            try:
-                key = base64.b64decode(secret, validate=True)
-            except binascii.Error:
-                key = b""
-            if len(key) < 16:
-                raise ValueError("must be whsec_ and base64 of at least 16 random bytes")
-        return value
+        return _check_whsec(value)
 
     @field_validator("deadlines")
     @classmethod
@@ -283,6 +275,18 @@ class Settings(BaseSettings, BotOptions):
     prune_interval_seconds: float = Field(60, gt=0, le=86_400)
     exhaustion_retry_seconds: float = Field(30, gt=0, le=86_400)
 
+    # Operational events (SPEC section 9; docs/operations.md): POSTed to operations_url, signed
+    # with Standard Webhooks by operations_signing_secret (whsec_...), at least once: a failed
+    # delivery is tried again after operations_retry_seconds, doubling up to an hour.
+    operations_url: AnyHttpUrl | None = None
+    operations_signing_secret: SecretStr | None = None
+    operations_retry_seconds: float = Field(5, gt=0, le=3600)
+    # backlog.stale: a bot's oldest undelivered update was received longer ago than this.
+    stale_after_seconds: float = Field(300, gt=0, le=86_400 * 30)
+    # Bots with a bot_token: getWebhookInfo once per this many seconds across the cluster
+    # (pending_update_count and the last error as metrics; telegram.webhook_error); 0: never.
+    webhook_check_seconds: float = Field(60, ge=0, le=86_400)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -315,6 +319,20 @@ class Settings(BaseSettings, BotOptions):
         if url.get_backend_name() != "postgresql":
             raise ValueError("must be a postgresql URL: LISTEN is PostgreSQL's")
         return url.render_as_string(hide_password=False)
+
+    @field_validator("operations_signing_secret")
+    @classmethod
+    def _check_operations_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        return _check_whsec(value)
+
+    @model_validator(mode="after")
+    def _operations_are_signed(self) -> Settings:
+        if self.operations_url is not None and self.operations_signing_secret is None:
+            raise ValueError(
+                "operations_url: operational events are signed; set operations_signing_secret"
+                " (whsec_ and base64 of at least 16 random bytes)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _pgbouncer_is_postgresql(self) -> Settings:
@@ -394,10 +412,24 @@ class Settings(BaseSettings, BotOptions):
             "pgbouncer": self.database_pgbouncer,
             "listen_url": self.listen_database_url,
             "history": self.attempt_history,
+            "events": self.operations_url is not None,
         }
 
     def bot(self, name: str) -> BotSettings | None:
         return next((bot for bot in self.bots if bot.name == name), None)
+
+
+def _check_whsec(value: SecretStr | None) -> SecretStr | None:
+    """A Standard Webhooks signing secret: whsec_ and base64 of at least 16 bytes."""
+    if value is not None:
+        secret = value.get_secret_value().removeprefix("whsec_")
+        try:
+            key = base64.b64decode(secret, validate=True)
+        except binascii.Error:
+            key = b""
+        if len(key) < 16:
+            raise ValueError("must be whsec_ and base64 of at least 16 random bytes")
+    return value
 
 
 def describe(error: ValidationError) -> str:

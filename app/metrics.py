@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.config import Settings
-from app.store import BotStats, OperatorStore, StoreError
+from app.store import BotControl, BotStats, EventType, OperatorStore, StoreError
 from app.store.types import STATES
 
 __all__ = [
@@ -90,6 +90,7 @@ AttemptOutcome = Literal[
 RenewalResult = Literal["renewed", "refused", "failed"]
 LostReason = Literal["renewal_refused", "lease_ran_out", "settle_refused", "exhaust_refused"]
 DeliveryResult = Literal["delivered", "failed"]
+WebhookCheck = Literal["checked", "failed"]  # a getWebhookInfo call answered, or not
 # Why the server closed a client connection (app.http.server), and what the request guard
 # refused before any route ran (app.http.guard).
 CloseReason = Literal["header_timeout", "body_timeout", "keep_alive", "header_too_large", "evicted"]
@@ -211,6 +212,18 @@ class Metrics:
             ["bot", "result"],
             registry=registry,
         )
+        self._events = Counter(
+            PREFIX + "operational_events",
+            "Deliveries of operational events to operations_url, by type and result.",
+            ["type", "result"],
+            registry=registry,
+        )
+        self._webhook_checks = Counter(
+            PREFIX + "webhook_checks",
+            "getWebhookInfo calls this process made for the webhook watch, by result.",
+            ["bot", "result"],
+            registry=registry,
+        )
         self._closed = _by_reason(
             registry,
             "connections_closed",
@@ -240,6 +253,12 @@ class Metrics:
             self._request_duration.labels(bot),
             self._commit_wait.labels(bot),
         )
+
+    def operational_event(self, kind: EventType, result: DeliveryResult) -> None:
+        self._events.labels(kind, result).inc()
+
+    def webhook_check(self, bot: str, result: WebhookCheck) -> None:
+        self._webhook_checks.labels(bot, result).inc()
 
     def connection_closed(self, reason: CloseReason) -> None:
         self._closed[reason].inc()
@@ -280,9 +299,10 @@ class DatabaseStats(Collector):
         self._store: OperatorStore | None = None
         self._now: Callable[[], int] = lambda: time.time_ns() // 1_000_000
         self._rows: list[BotStats] | None = None  # None: the last query failed
+        self._controls: list[BotControl] = []  # what the webhook watch saw (revision 0004)
         self._query_seconds = 0.0
         self._taken_at = -math.inf  # monotonic
-        self._query: asyncio.Task[tuple[list[BotStats], float]] | None = None
+        self._query: asyncio.Task[_Answer] | None = None
 
     def watch(self, store: OperatorStore, now: Callable[[], int]) -> None:
         """Report on `store`; `now` is epoch ms by the clock the rows' times are by."""
@@ -320,7 +340,7 @@ class DatabaseStats(Collector):
             self._rows = None
             return
         try:
-            self._rows, self._query_seconds = query.result()
+            self._rows, self._controls, self._query_seconds = query.result()
         except StoreError as error:
             log.warning("metrics: no stats from the database: %s", error)
             self._rows = None
@@ -333,7 +353,7 @@ class DatabaseStats(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = _families()
-        rows, exhaustions, oldest, up, seconds = families
+        rows, exhaustions, oldest, up, seconds, pending, error_date = families
         stats = self._rows
         up.add_metric([], 0 if stats is None else 1)
         if stats is not None:
@@ -348,6 +368,11 @@ class DatabaseStats(Collector):
                     exhaustions.add_metric([bot], counts.exhaustions)
                 age = 0 if counts.oldest is None else max(0, now - counts.oldest) / 1000
                 oldest.add_metric([bot], age)
+            for control in self._controls:
+                if control.bot not in self._bots or control.webhook_checked_at is None:
+                    continue
+                pending.add_metric([control.bot], control.webhook_pending or 0)
+                error_date.add_metric([control.bot], control.webhook_error_date or 0)
         return iter(families)
 
 
@@ -372,6 +397,18 @@ def _families() -> tuple[GaugeMetricFamily, ...]:
         ),
         GaugeMetricFamily(
             PREFIX + "database_stats_duration_seconds", "How long the last stats query took."
+        ),
+        GaugeMetricFamily(
+            PREFIX + "telegram_pending_updates",
+            "Updates Telegram holds for the bot's webhook, as the last getWebhookInfo said"
+            " (bots with a bot_token).",
+            labels=["bot"],
+        ),
+        GaugeMetricFamily(
+            PREFIX + "telegram_webhook_last_error_timestamp_seconds",
+            "When Telegram last failed to deliver to the webhook (getWebhookInfo's"
+            " last_error_date); 0 when it reports none.",
+            labels=["bot"],
         ),
     )
 
@@ -398,13 +435,18 @@ def _by_bot(stats: Iterable[BotStats], bots: tuple[str, ...]) -> dict[str, _Coun
     return merged
 
 
-async def _timed_stats(store: OperatorStore) -> tuple[list[BotStats], float]:
+_Answer = tuple[list[BotStats], list[BotControl], float]
+
+
+async def _timed_stats(store: OperatorStore) -> _Answer:
     started = time.perf_counter()
     rows = await store.stats()
-    return rows, time.perf_counter() - started
+    # The bots' controls (what the webhook watch saw) stand beside the table from 0004.
+    controls = await store.bot_controls() if store.capability == "durable" else []
+    return rows, controls, time.perf_counter() - started
 
 
-def _retrieve(query: asyncio.Task[tuple[list[BotStats], float]]) -> None:
+def _retrieve(query: asyncio.Task[_Answer]) -> None:
     """Mark a query's failure seen, for one that ended after its scrape gave up on it."""
     if not query.cancelled():
         query.exception()

@@ -96,6 +96,7 @@ class FakeDownstream:
     def __init__(self) -> None:
         self.answer: Answer = ok
         self.exhaustion_answer: Answer = ok
+        self.operations_answer: Answer = ok  # as operations_url
         self._lock = threading.Lock()
         self._received: list[Received] = []
         self.url = ""
@@ -110,17 +111,28 @@ class FakeDownstream:
         with self._lock:
             return [r for r in self._received if r.path == "/exhausted"]
 
+    @property
+    def operations(self) -> list[Received]:
+        """The operational events received, every delivery of each."""
+        with self._lock:
+            return [r for r in self._received if r.path == "/operations"]
+
     def app(self) -> Starlette:
         async def hook(request: Request) -> Response:
             received = Received(request.url.path, dict(request.headers), await request.body())
             with self._lock:
                 self._received.append(received)
-            answer = self.answer if request.url.path == "/hook" else self.exhaustion_answer
+            answer = {
+                "/hook": self.answer,
+                "/exhausted": self.exhaustion_answer,
+                "/operations": self.operations_answer,
+            }[request.url.path]
             return await answer(received, request)
 
         routes = [
             Route("/hook", hook, methods=["POST"]),
             Route("/exhausted", hook, methods=["POST"]),
+            Route("/operations", hook, methods=["POST"]),
         ]
         return Starlette(routes=routes)
 

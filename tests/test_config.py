@@ -223,6 +223,10 @@ def test_deadlines_from_the_environment_are_json(monkeypatch: pytest.MonkeyPatch
         ("INTAKE_CONCURRENCY", "0", "concurrency"),
         ("INTAKE_WORKER_CONCURRENCY", "0", "worker_concurrency"),
         ("INTAKE_POLL_INTERVAL_SECONDS", "0", "poll_interval_seconds"),
+        ("INTAKE_OPERATIONS_SIGNING_SECRET", "whsec_c2hvcnQ=", "operations_signing_secret"),
+        ("INTAKE_OPERATIONS_URL", "not a url", "operations_url"),
+        ("INTAKE_STALE_AFTER_SECONDS", "0", "stale_after_seconds"),
+        ("INTAKE_WEBHOOK_CHECK_SECONDS", "-1", "webhook_check_seconds"),
     ],
 )
 def test_invalid_worker_settings_name_the_field(
@@ -320,6 +324,21 @@ def test_viewer_and_operator_scopes_and_key_names(tmp_path: Path) -> None:
     assert re.fullmatch(r"key-[0-9a-f]{8}", operator.label)
     assert "operator-key" not in operator.label
     assert operator.label == Settings().api_keys[1].label != legacy.label
+
+
+def test_operational_events_are_recorded_only_with_a_url_and_its_signing_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().store_options()["events"] is False
+    monkeypatch.setenv("INTAKE_OPERATIONS_URL", "https://alerts.example.com/intake")
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    assert "set operations_signing_secret" in describe(raised.value)
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    monkeypatch.setenv("INTAKE_OPERATIONS_SIGNING_SECRET", secret)
+    settings = Settings()
+    assert settings.store_options()["events"] is True
+    assert secret not in repr(settings)
 
 
 def test_the_attempt_history_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:

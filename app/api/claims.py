@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Response
 
-from app.api.control import AcknowledgeRequest, BulkAnswer, acknowledge_in_bulk
+from app.api.control import AcknowledgedInBulk, AcknowledgeRequest, acknowledge_in_bulk
 from app.api.deps import REFUSALS, Callback, CallbackOrOperator, Grant, StrictJsonRoute
 from app.api.lean import LeanRoute
 from app.config import BotSettings
@@ -111,11 +111,11 @@ async def settle(request: SettleRequest, grant: Callback) -> Settled:
 @router.post("/exhaustions/acknowledge", tags=["operations"])
 async def acknowledge(
     request: AcknowledgeRequest, grant: CallbackOrOperator
-) -> Acknowledged | BulkAnswer:
+) -> Acknowledged | AcknowledgedInBulk:
     """Acknowledge the exhaustion with exactly this identity (`bot`, `update_id`, `attempt`,
     `claim_id`): it becomes prunable. Or, with an operator key, every open exhaustion a
     `filter` or a list of `identities` selects (a dry run counts them and changes nothing):
-    `{"matched", "changed", "sample"}`."""
+    `{"matched", "acknowledged": n, "sample"}`."""
     claim = request.identity()
     if claim is None:
         return await acknowledge_in_bulk(request, grant)

@@ -205,9 +205,16 @@ class BulkSample(Identity):
 
 
 class BulkAnswer(Message):
-    matched: int
-    changed: int = Field(description="0 for a dry run")
-    sample: list[BulkSample]
+    matched: int = Field(description="the open exhaustions selected (a dry run: now)")
+    sample: list[BulkSample] = Field(description="the first ones selected, in key order")
+
+
+class Redriven(BulkAnswer):
+    redriven: int = Field(description="0 for a dry run")
+
+
+class AcknowledgedInBulk(BulkAnswer):
+    acknowledged: int = Field(description="0 for a dry run")
 
 
 class ParkRequest(Message):
@@ -425,7 +432,7 @@ async def park(
 
 
 @router.post("/exhaustions/redrive")
-async def redrive(request: RedriveRequest, grant: Operator) -> BulkAnswer:
+async def redrive(request: RedriveRequest, grant: Operator) -> Redriven:
     """Deliver open exhaustions again, by filter or by exact identities: each becomes due with
     a fresh attempt budget (its attempt numbers go on, so no earlier identity matches again),
     paced at `rate_per_second`. A dry run reports the count and a sample and changes nothing."""
@@ -443,10 +450,10 @@ async def redrive(request: RedriveRequest, grant: Operator) -> BulkAnswer:
     )
     if outcome.changed:
         await services.wake()
-    return _answer(outcome)
+    return Redriven(matched=outcome.matched, redriven=outcome.changed, sample=_sample(outcome))
 
 
-async def acknowledge_in_bulk(request: AcknowledgeRequest, grant: Grant) -> BulkAnswer:
+async def acknowledge_in_bulk(request: AcknowledgeRequest, grant: Grant) -> AcknowledgedInBulk:
     """`POST /v1/exhaustions/acknowledge` with a filter or identities (`app.api.claims`)."""
     if not grant.key.may("operator"):
         raise HTTPException(403, "this API key lacks the operator scope")
@@ -455,7 +462,9 @@ async def acknowledge_in_bulk(request: AcknowledgeRequest, grant: Grant) -> Bulk
     outcome = await services.store.acknowledge_exhaustions(
         selection, at=services.now(), by=grant.key.label, dry_run=request.dry_run
     )
-    return _answer(outcome)
+    return AcknowledgedInBulk(
+        matched=outcome.matched, acknowledged=outcome.changed, sample=_sample(outcome)
+    )
 
 
 @router.get("/audit")
@@ -520,19 +529,15 @@ def _selection(
     )
 
 
-def _answer(outcome: BulkOutcome) -> BulkAnswer:
-    return BulkAnswer(
-        matched=outcome.matched,
-        changed=outcome.changed,
-        sample=[
-            BulkSample(
-                bot=e.identity.bot,
-                update_id=e.identity.update_id,
-                attempt=e.identity.attempt,
-                claim_id=e.identity.claim_id,
-                error=e.error,
-                exhausted_at=e.exhausted_at,
-            )
-            for e in outcome.sample
-        ],
-    )
+def _sample(outcome: BulkOutcome) -> list[BulkSample]:
+    return [
+        BulkSample(
+            bot=e.identity.bot,
+            update_id=e.identity.update_id,
+            attempt=e.identity.attempt,
+            claim_id=e.identity.claim_id,
+            error=e.error,
+            exhausted_at=e.exhausted_at,
+        )
+        for e in outcome.sample
+    ]

@@ -395,7 +395,7 @@ def _report(outcome: BulkOutcome, verb: str, args: argparse.Namespace) -> None:
         _print_json(
             {
                 "matched": outcome.matched,
-                "changed": outcome.changed,
+                verb: outcome.changed,  # as the API answers: "redriven" or "acknowledged"
                 "sample": [vars_of(e.identity) for e in outcome.sample],
             }
         )

@@ -1,9 +1,5 @@
-"""Commands that talk to the Bot API: set-webhook, webhook-info.
-
-The Bot API's base URL is `INTAKE_BOT_API_URL` (a local Bot API server is a real use; tests
-point it at a fake). The bot token travels in the request path only: it is never printed,
-and an HTTP error is reported without its URL.
-"""
+"""Commands that talk to the Bot API (`app.bot_api`): set-webhook, webhook-info. The bot token
+is never printed."""
 
 from __future__ import annotations
 
@@ -14,40 +10,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
+from app.bot_api import BotApiError, call
 from app.cli.service import Commands
 from app.config import BotSettings, Settings
-
-
-class BotApiError(Exception):
-    """Telegram refused a call, or could not be reached."""
-
-
-def call(settings: Settings, bot: BotSettings, method: str, **params: Any) -> Any:
-    """One Bot API method; its `result`. Raises BotApiError with Telegram's own words."""
-    if bot.bot_token is None:
-        raise BotApiError(f"bot {bot.name!r} has no bot_token (INTAKE_BOT_TOKEN or bot_token)")
-    base = str(settings.bot_api_url).rstrip("/")
-    url = f"{base}/bot{bot.bot_token.get_secret_value()}/{method}"
-    payload = {name: value for name, value in params.items() if value is not None}
-    transport = httpx.HTTPTransport(retries=2)  # connection failures only
-    try:
-        with httpx.Client(transport=transport, timeout=30) as client:
-            response = client.post(url, json=payload)
-    except httpx.HTTPError as error:
-        # str(error) may carry the URL, and so the token: name the failure only.
-        problem = f"{method}: the Bot API at {base} could not be reached"
-        raise BotApiError(f"{problem} ({type(error).__name__})") from None
-    try:
-        answer = response.json()
-    except ValueError:
-        raise BotApiError(f"{method}: HTTP {response.status_code}, not a Bot API answer") from None
-    if not isinstance(answer, dict) or not answer.get("ok"):
-        code = answer.get("error_code", response.status_code) if isinstance(answer, dict) else ""
-        words = answer.get("description", "no description") if isinstance(answer, dict) else ""
-        raise BotApiError(f"{method}: Telegram refused: {code} {words}")
-    return answer.get("result")
 
 
 def describe_webhook(bot: str, info: dict[str, Any], now: float | None = None) -> str:

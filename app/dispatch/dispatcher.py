@@ -23,7 +23,8 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import httpx
 
@@ -31,6 +32,7 @@ from app.config import BotSettings, Settings
 from app.dispatch.attempt import Lane
 from app.dispatch.claims import ClaimLoop
 from app.dispatch.clock import Alarm, DatabaseClock
+from app.dispatch.events import EventDelivery, WebhookWatch, watch_backlog_forever
 from app.dispatch.leases import LeaseKeeper
 from app.dispatch.liveness import Liveness
 from app.dispatch.maintenance import ExhaustionDelivery, keep_table_forever, prune_forever
@@ -65,6 +67,8 @@ class Dispatcher:
         self._settings = settings
         chosen = settings.bots if bots is None else bots
         metrics = metrics or Metrics.of(settings)
+        self._metrics = metrics
+        self._transport = transport
         self._lanes = [
             Lane(bot, transport, metrics.dispatch(bot.name), monotonic_ns=monotonic_ns)
             for bot in chosen
@@ -174,12 +178,34 @@ class Dispatcher:
         }
         if self._exhaustions is not None:
             background["exhaustion delivery"] = self._exhaustions.run()
+        background.update(self._operations())
         self._background = {
             name: asyncio.create_task(job, name=name) for name, job in background.items()
         }
         self._claim_loop = asyncio.create_task(self._claims.run(), name="claim loop")
         for task in [*self._background.values(), self._claim_loop]:
             task.add_done_callback(_report_exit)
+
+    def _operations(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """The loops of operational events (`app.dispatch.events`) these settings ask for."""
+        settings, loops = self._settings, {}
+        if settings.operations_url is not None:
+            delivery = EventDelivery(
+                self._store, self._clock, settings, self._transport, self._metrics
+            )
+            loops["operational events"] = delivery.run()
+            loops["backlog watch"] = watch_backlog_forever(
+                self._store,
+                self._clock,
+                [lane.name for lane in self._lanes],
+                stale_after_seconds=settings.stale_after_seconds,
+            )
+        watch = WebhookWatch(
+            self._store, self._clock, settings, [lane.bot for lane in self._lanes], self._metrics
+        )
+        if settings.webhook_check_seconds > 0 and watch.bots:
+            loops["webhook watch"] = watch.run()
+        return loops
 
     def problems(self) -> list[str]:
         """Why this process cannot deliver, for its /healthz: a loop that died or stalled

@@ -85,36 +85,50 @@ class Downstream:
 
     def _sign(self, headers: dict[str, str], message_id: str, body: str) -> datetime:
         """Sign the message when the bot has a signing secret; the timestamp either way."""
-        timestamp = datetime.now(tz=UTC)
-        if self._signer is not None:
-            headers["webhook-id"] = message_id
-            headers["webhook-timestamp"] = str(int(timestamp.timestamp()))
-            headers["webhook-signature"] = self._signer.sign(message_id, timestamp, body)
-        return timestamp
+        return sign(self._signer, headers, message_id, body)
 
     async def _post(self, url: httpx.URL, headers: dict[str, str], body: str) -> Outcome:
-        # httpx's Request and Response, sent by the transport itself: AsyncClient's machinery
-        # (auth, redirects, cookies, hooks) is all unused here, and through it a request took
-        # 1.6 times the instructions (valgrind; bench client shows the rates).
-        request = httpx.Request(
-            "POST",
-            url,
-            headers=headers,
-            content=body.encode(),
-            extensions={"timeout": self._timeout},
-        )
-        try:
-            response = await self._transport.handle_async_request(request)
-        except httpx.HTTPError as error:
-            return classify_error(error)
-        try:
-            if not 200 <= response.status_code < 300:  # the body only explains a failure
-                await response.aread()
-        except httpx.HTTPError as error:
-            return classify_error(error)
-        finally:
-            await response.aclose()
-        return classify(response)
+        return await post(self._transport, url, headers, body, self._timeout)
+
+
+def sign(signer: Webhook | None, headers: dict[str, str], message_id: str, body: str) -> datetime:
+    """Add the Standard Webhooks headers of `body` (as `message_id`) when there is a signer;
+    the timestamp signed, or now."""
+    timestamp = datetime.now(tz=UTC)
+    if signer is not None:
+        headers["webhook-id"] = message_id
+        headers["webhook-timestamp"] = str(int(timestamp.timestamp()))
+        headers["webhook-signature"] = signer.sign(message_id, timestamp, body)
+    return timestamp
+
+
+async def post(
+    transport: httpx.AsyncBaseTransport,
+    url: httpx.URL,
+    headers: dict[str, str],
+    body: str,
+    limits: dict[str, float | None],
+) -> Outcome:
+    """POST `body` within `limits` (httpx's timeouts, as a dict); what the answer means
+    (`app.policy`). Never raises for the receiver's sake: a failure is an Outcome too."""
+    # httpx's Request and Response, sent by the transport itself: AsyncClient's machinery
+    # (auth, redirects, cookies, hooks) is all unused here, and through it a request took
+    # 1.6 times the instructions (valgrind; bench client shows the rates).
+    request = httpx.Request(
+        "POST", url, headers=headers, content=body.encode(), extensions={"timeout": limits}
+    )
+    try:
+        response = await transport.handle_async_request(request)
+    except httpx.HTTPError as error:
+        return classify_error(error)
+    try:
+        if not 200 <= response.status_code < 300:  # the body only explains a failure
+            await response.aread()
+    except httpx.HTTPError as error:
+        return classify_error(error)
+    finally:
+        await response.aclose()
+    return classify(response)
 
 
 def open_transport(max_connections: int) -> httpx.AsyncBaseTransport:

@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream
@@ -74,18 +74,13 @@ class ExhaustionDelivery:
         self._wake.set()
 
     async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            began = time.monotonic()
-            try:
-                await self.sweep()
-            except StoreError as error:
-                log.warning("exhaustion delivery: %s", error)
-            except Exception:  # a bug must not end delivery for the life of the process
-                log.exception("exhaustion delivery failed")
+        async def wait(took: float) -> None:
             # In a storm of new exhaustions, one sweep a second.
-            await asyncio.sleep(max(0.0, MIN_SWEEP_SECONDS - (time.monotonic() - began)))
+            await asyncio.sleep(max(0.0, MIN_SWEEP_SECONDS - took))
             await wait_or_timeout(self._wake, self._retry)
+            self._wake.clear()
+
+        await repeat_forever("exhaustion delivery", self.sweep, wait)
 
     async def sweep(self) -> int:
         """Deliver every open exhaustion due now, CONCURRENCY at a time, each taken under its
@@ -123,21 +118,43 @@ class ExhaustionDelivery:
         return await self._store.acknowledge_exhaustion(identity, self._clock.now())
 
 
+async def repeat_forever(
+    what: str, job: Callable[[], Awaitable[object]], wait: Callable[[float], Awaitable[None]]
+) -> None:
+    """Run `job` again and again, awaiting `wait(seconds the job took)` between runs. A store
+    error is logged as a warning and a bug with its traceback: neither ends the loop for the
+    life of the process."""
+    while True:
+        began = time.monotonic()
+        try:
+            await job()
+        except StoreError as error:
+            log.warning("%s: %s", what, error)
+        except Exception:
+            log.exception("%s failed", what)
+        await wait(time.monotonic() - began)
+
+
+def pause_for(seconds: float) -> Callable[[float], Awaitable[None]]:
+    """`repeat_forever`'s wait: `seconds` between the end of one run and the next."""
+
+    async def wait(_took: float) -> None:
+        await asyncio.sleep(seconds)
+
+    return wait
+
+
 async def prune_forever(
     store: OperatorStore, clock: DatabaseClock, *, retention_ms: int, interval: float
 ) -> None:
     """Delete completed and acknowledged rows settled more than `retention_ms` ago."""
-    while True:
-        try:
-            deleted = await store.prune(clock.now() - retention_ms)
-        except StoreError as error:
-            log.warning("prune: %s", error)
-        except Exception:  # a bug must not end pruning for the life of the process
-            log.exception("prune failed")
-        else:
-            if deleted:
-                log.info("pruned %d settled rows", deleted)
-        await asyncio.sleep(interval)
+
+    async def prune() -> None:
+        deleted = await store.prune(clock.now() - retention_ms)
+        if deleted:
+            log.info("pruned %d settled rows", deleted)
+
+    await repeat_forever("prune", prune, pause_for(interval))
 
 
 # How soon a burst of new rows (after a quiet period, or into an empty table) gets statistics

@@ -25,11 +25,13 @@ from app.store.types import (
     ClaimIdentity,
     Completed,
     DueUpdate,
+    EventType,
     Exhaustion,
     ExhaustionFilter,
     Failed,
     HandedBack,
     NewUpdate,
+    OperationalEvent,
     Ordering,
     SearchCursor,
     SearchPage,
@@ -37,6 +39,7 @@ from app.store.types import (
     State,
     StoredUpdate,
     UpdateFilter,
+    WebhookInfo,
 )
 
 __all__ = [
@@ -53,12 +56,14 @@ __all__ = [
     "Completed",
     "DueUpdate",
     "DurableUpdateStore",
+    "EventType",
     "Exhaustion",
     "ExhaustionFilter",
     "Failed",
     "FencedUpdateStore",
     "HandedBack",
     "NewUpdate",
+    "OperationalEvent",
     "OperatorStore",
     "Ordering",
     "SchemaError",
@@ -73,5 +78,6 @@ __all__ = [
     "StoredUpdate",
     "UpdateFilter",
     "UpdateStore",
+    "WebhookInfo",
     "open_store",
 ]

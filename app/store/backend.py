@@ -52,9 +52,13 @@ class Backend(ABC):
         self.engine = engine
 
     @abstractmethod
-    def prepare(self, table: Table, channel: str, history: History | None) -> None:
+    def prepare(
+        self, table: Table, channel: str, history: History | None, outbox: Table | None
+    ) -> None:
         """(Re)build what depends on the table's shape: at start and after a migration.
-        With `history`, the claims and batch settles record each attempt in it."""
+        With `history`, the claims and batch settles record each attempt in it; with `outbox`
+        (the events table, when operational events are on), a durable claim that ends a row
+        whose attempts are spent writes its exhaustion.created there (`app.store.events`)."""
 
     @abstractmethod
     async def transition(
@@ -66,10 +70,11 @@ class Backend(ABC):
 
     @abstractmethod
     async def claim_recorded(
-        self, connection: AsyncConnection, statement: Update, now: int
+        self, connection: AsyncConnection, statement: Update, now: int, *, durable: bool
     ) -> Sequence[Row[Any]]:
-        """Run a claim (an UPDATE ... RETURNING bot, update_id, attempts, claim_id, state) and
-        record the attempts it started in the history (when kept), started at `now`."""
+        """Run a claim (an UPDATE ... RETURNING bot, update_id, attempts, claim_id, state,
+        update_type, queue_key) and record the attempts it started in the history (when
+        kept), started at `now`, and (`durable`) the exhaustions it made in the outbox."""
 
     @abstractmethod
     async def delete_recorded(

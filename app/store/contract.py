@@ -33,12 +33,14 @@ from app.store.types import (
     Exhaustion,
     ExhaustionFilter,
     NewUpdate,
+    OperationalEvent,
     Ordering,
     SearchCursor,
     SearchPage,
     Settlement,
     StoredUpdate,
     UpdateFilter,
+    WebhookInfo,
 )
 
 
@@ -416,4 +418,47 @@ class OperatorStore(DurableUpdateStore, Protocol):
 
     async def audit_log(self, *, after: int | None = None, limit: int = 100) -> list[AuditEntry]:
         """Operator actions, newest first (`after`: the last id of the previous page)."""
+        ...
+
+    # -- operational events (SPEC section 9): written by the transactions that make them ----
+
+    records_events: bool
+    """Whether this store writes operational events (opened with `events=True`: the
+    service has an `operations_url`). Then every action above writes its event (bot.paused,
+    bot.resumed, redrive.finished, breaker.opened and breaker.closed on a change of the shared
+    breaker state, exhaustion.created by `exhaust`, `park` and a durable claim of a row whose
+    attempts are spent) in the same transaction as what it tells of."""
+
+    async def take_events(
+        self, *, now: int, lease_until: int, limit: int
+    ) -> list[OperationalEvent]:
+        """Lease up to `limit` undelivered events due now, oldest first, until `lease_until`:
+        no other process takes them while the lease holds."""
+        ...
+
+    async def event_delivered(self, event: OperationalEvent, at: int) -> bool:
+        """The receiver took `event`: never sent again. False when its lease had lapsed."""
+        ...
+
+    async def event_failed(self, event: OperationalEvent, retry_at: int) -> bool:
+        """A delivery failed: due again at `retry_at`, one more failure counted. False when
+        its lease had lapsed."""
+        ...
+
+    async def watch_backlog(
+        self, bots: Sequence[str], *, now: int, stale_after_ms: int
+    ) -> list[str]:
+        """Write backlog.stale for each of `bots` whose oldest undelivered row was received
+        over `stale_after_ms` ago, once an episode across every process (the episode ends
+        when its backlog is fresh again); the bots that began one now."""
+        ...
+
+    async def take_webhook_check(self, bot: str, *, now: int, next_at: int) -> bool:
+        """True to the one caller that makes `bot`'s getWebhookInfo check now (it is due);
+        the next is due at `next_at`, for every process."""
+        ...
+
+    async def report_webhook_info(self, bot: str, info: WebhookInfo, *, at: int) -> bool:
+        """Keep what a getWebhookInfo check saw (`bot_controls` shows it); a last error
+        newer than the one kept writes telegram.webhook_error (True)."""
         ...

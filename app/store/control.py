@@ -11,7 +11,7 @@ for long, whatever it matches.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import (
     BigInteger,
@@ -35,7 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.store.predicates import identity_is, in_state, unacknowledged
+from app.store.predicates import identity_is, in_state, transition_returning, unacknowledged
 from app.store.types import ClaimIdentity, ExhaustionFilter, SearchCursor, UpdateFilter
 
 # -- bot controls --------------------------------------------------------------------------------
@@ -122,6 +122,31 @@ def capacity(bots: Table) -> ColumnElement[float]:
 def report_breaker(bots: Table, dialect: str, *, bot: str, state: str, at: int) -> Insert:
     row = {"bot": bot, "breaker": state, "breaker_at": at}
     return _upsert(bots, dialect, row, {"breaker": state, "breaker_at": at})
+
+
+def ensure_bot(bots: Table, dialect: str, *, bot: str) -> Insert:
+    """The bot's row, made with defaults if it has none (so that it can be locked)."""
+    insert = postgresql.insert(bots) if dialect == "postgresql" else sqlite.insert(bots)
+    statement: Insert = insert.values(bot=bot).on_conflict_do_nothing(index_elements=[bots.c.bot])
+    return statement
+
+
+def breaker_of(bots: Table, *, bot: str) -> Select[Any]:
+    """The shared breaker state, locked for the transaction that changes it."""
+    return select(bots.c.breaker).where(bots.c.bot == bot).with_for_update()
+
+
+def breaker_event(
+    before: str | None, after: str
+) -> Literal["breaker.opened", "breaker.closed"] | None:
+    """The event a change of the shared breaker state makes, if any: half-open is a probe
+    within an open episode, not an episode of its own."""
+    was_open = before in ("open", "half_open")
+    if after == "open" and not was_open:
+        return "breaker.opened"
+    if after == "closed" and was_open:
+        return "breaker.closed"
+    return None
 
 
 def paused(t: Table, bots: Table) -> ColumnElement[bool]:
@@ -246,7 +271,7 @@ def park(t: Table, *, identity: ClaimIdentity, at: int, reason: str) -> Update:
             error=f"parked: {reason}",
             delivery_due_at=at,
         )
-        .returning(t.c.bot, t.c.update_id, t.c.queue_key)
+        .returning(*transition_returning(t))
     )
 
 

@@ -37,6 +37,7 @@ from psycopg import sql as psql
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    ColumnElement,
     Integer,
     Row,
     Select,
@@ -64,7 +65,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ClauseElement
 
-from app.store import history, queries
+from app.store import events, history, queries
 from app.store.backend import Backend, History, Numbers
 from app.store.predicates import NON_TERMINAL, in_state, live, matches, settled_columns
 from app.store.types import ClaimIdentity, HandedBack, NewUpdate, Ordering, Settlement
@@ -432,9 +433,12 @@ class PostgresBackend(Backend):
         self._claims: dict[tuple[Any, ...], Compiled] = {}
         self._history: History | None = None
 
-    def prepare(self, table: Table, channel: str, history: History | None) -> None:
+    def prepare(
+        self, table: Table, channel: str, history: History | None, outbox: Table | None
+    ) -> None:
         self._channel = channel
         self._history = history
+        self._outbox = outbox
         attempts = None if history is None else history.attempts
         statements: dict[str, ClauseElement] = {"add": add(table, channel)}
         if "uncounted" in table.c:  # the fenced methods' revision
@@ -499,18 +503,12 @@ class PostgresBackend(Backend):
                 durable_exhaustion=durable_exhaustion,
                 lateral=True,
             )
-            statement: ClauseElement = claim
-            if self._history is not None:
-                # The attempts it starts enter their history in the same statement.
-                claimed = claim.cte("claimed")
-                started = history.started(
-                    self._history.attempts,
-                    claimed,
-                    now=bindparam("now", 0, BigInteger),
-                    worker=bindparam("worker", "", Text),
-                    dialect=self.name,
-                )
-                statement = select(claimed).add_cte(started.cte("started"))
+            statement = self._recorded(
+                claim,
+                now=bindparam("now", 0, BigInteger),
+                worker=bindparam("worker", "", Text),
+                durable=durable_exhaustion,
+            )
             compiled = self._claims[key] = self._driver_sql(statement, expanded=True)
         values: dict[str, Any] = dict(numbers)
         if self._history is not None:
@@ -528,19 +526,33 @@ class PostgresBackend(Backend):
         return (await connection.execute(both)).first()
 
     async def claim_recorded(
-        self, connection: AsyncConnection, statement: Update, now: int
+        self, connection: AsyncConnection, statement: Update, now: int, *, durable: bool
     ) -> Sequence[Row[Any]]:
-        if self._history is None:
-            return (await connection.execute(statement)).all()
-        claimed = statement.cte("claimed")
-        started = history.started(
-            self._history.attempts,
-            claimed,
-            now=literal(now, BigInteger),
-            worker=literal(self._history.worker, Text),
-            dialect=self.name,
+        worker = "" if self._history is None else self._history.worker
+        recorded = self._recorded(
+            statement, now=literal(now, BigInteger), worker=literal(worker, Text), durable=durable
         )
-        return (await connection.execute(select(claimed).add_cte(started.cte("started")))).all()
+        return (await connection.execute(recorded)).all()
+
+    def _recorded(
+        self, claim: Update, *, now: ColumnElement[int], worker: ColumnElement[str], durable: bool
+    ) -> Update | Select[Any]:
+        """A claim that, in the same statement, enters the attempts it starts in their history
+        and (`durable`) the exhaustions it makes in the outbox: data-modifying CTEs."""
+        records = self._history is not None or (self._outbox is not None and durable)
+        if not records:
+            return claim
+        claimed = claim.cte("claimed")
+        statement = select(claimed)
+        if self._history is not None:
+            started = history.started(
+                self._history.attempts, claimed, now=now, worker=worker, dialect=self.name
+            )
+            statement = statement.add_cte(started.cte("started"))
+        if self._outbox is not None and durable:
+            spent = events.spent_in_claim(self._outbox, claimed, now=now)
+            statement = statement.add_cte(spent.cte("spent"))
+        return statement
 
     async def delete_recorded(
         self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None

@@ -190,3 +190,10 @@ def unacknowledged(t: Table) -> ColumnElement[bool]:
     # with state 'abandoned', which no statement leaves, so the state needs no test here (one
     # would steer PostgreSQL onto the (state, due_at) index, through every abandoned row).
     return and_(t.c.exhausted_at.is_not(None), t.c.acknowledged_at.is_(None))
+
+
+def transition_returning(t: Table) -> tuple[ColumnElement[Any], ...]:
+    """What a transition that may make an exhaustion returns: its identity and what
+    exhaustion.created tells of it (`app.store.events.exhaustion`)."""
+    c = t.c
+    return (c.bot, c.update_id, c.attempts, c.claim_id, c.update_type, c.queue_key)

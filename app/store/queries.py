@@ -52,6 +52,7 @@ from app.store.predicates import (
     matches,
     owned_by,
     settle_values,
+    transition_returning,
     unacknowledged,
 )
 from app.store.schema import bots_table_name
@@ -222,7 +223,7 @@ def claim_owned(
         update(t)
         .where(key_is(t, bot, update_id), claimable(t, now), unpaused(t))
         .values(values)
-        .returning(t.c.state, t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id)
+        .returning(*transition_returning(t), t.c.state)
     )
 
 
@@ -345,7 +346,7 @@ def exhaust(t: Table, *, identity: ClaimIdentity, at: int, error: str) -> Update
             error=error,
             delivery_due_at=at,
         )
-        .returning(t.c.state)
+        .returning(*transition_returning(t))
     )
 
 

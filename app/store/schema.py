@@ -216,11 +216,16 @@ def _add_operator_tables(metadata: MetaData, table: str) -> None:
         # The last breaker transition any worker reported, and when.
         Column("breaker", Text, nullable=True),
         Column("breaker_at", BigInteger, nullable=True),
-        # Operational events: since when the backlog is stale (one backlog.stale an episode);
-        # the getWebhookInfo watch's lease (next check due) and the last error date it saw.
+        # Operational events: since when the backlog is stale (one backlog.stale an episode).
         Column("stale_since", BigInteger, nullable=True),
+        # The getWebhookInfo watch: its lease (the next check is due then, across the
+        # cluster), and what the last check saw (Telegram's last_error_date in epoch seconds,
+        # its message, pending_update_count, and when).
         Column("webhook_check_due_at", BigInteger, nullable=True),
         Column("webhook_error_date", BigInteger, nullable=True),
+        Column("webhook_error_message", Text, nullable=True),
+        Column("webhook_pending", BigInteger, nullable=True),
+        Column("webhook_checked_at", BigInteger, nullable=True),
         PrimaryKeyConstraint("bot", name=f"pk_{bots}"),
         CheckConstraint("rate_per_second > 0", name=f"ck_{bots}_rate"),
     )
@@ -244,7 +249,7 @@ def _add_operator_tables(metadata: MetaData, table: str) -> None:
         metadata,
         Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
         Column("type", Text, nullable=False),
-        Column("payload", Text, nullable=False),  # JSON, as delivered
+        Column("data", Text, nullable=False),  # JSON: the event's own fields
         Column("created_at", BigInteger, nullable=False),
         # The outbox of operational events (operations_url): the next delivery's time (a
         # lease while one runs), failed deliveries so far, and when one succeeded.

@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.dml import ReturningDelete
 
-from app.store import history, queries
+from app.store import events, history, queries
 from app.store.backend import Backend, History, Numbers
 from app.store.predicates import identity_is, in_state
 from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
@@ -177,11 +177,28 @@ class SqliteBackend(Backend):
         self._history: History | None = None
         self._started: Any = None
 
-    def prepare(self, table: Table, channel: str, history: History | None) -> None:
+    def prepare(
+        self, table: Table, channel: str, history: History | None, outbox: Table | None
+    ) -> None:
         self._add = add(table)
         self._claims = {}
         self._history = history
         self._started = None if history is None else history_insert(history.attempts)
+        self._outbox = outbox
+
+    async def _record_claim(
+        self, connection: AsyncConnection, rows: Sequence[Row[Any]], now: int, durable: bool
+    ) -> None:
+        """In the claim's transaction: the attempts it started enter their history, and the
+        exhaustions it made (attempts spent) the outbox."""
+        if self._history is not None:
+            started = history.start_rows(rows, now=now, worker=self._history.worker)
+            if started:
+                await connection.execute(self._started, started)
+        if self._outbox is not None and durable:
+            spent = events.spent_rows(rows, now=now)
+            if spent:
+                await connection.execute(events.record(self._outbox, spent))
 
     async def add_many(
         self, connection: AsyncConnection, rows: Sequence[NewUpdate]
@@ -218,11 +235,7 @@ class SqliteBackend(Backend):
                 lateral=False,
             )
         rows = (await connection.execute(statement, dict(numbers))).all()
-        if self._history is not None:
-            # In the claim's transaction: the attempts it started enter their history with it.
-            started = history.start_rows(rows, now=numbers["now"], worker=self._history.worker)
-            if started:
-                await connection.execute(self._started, started)
+        await self._record_claim(connection, rows, numbers["now"], durable_exhaustion)
         return rows
 
     async def transition(
@@ -235,13 +248,10 @@ class SqliteBackend(Backend):
         return row
 
     async def claim_recorded(
-        self, connection: AsyncConnection, statement: Update, now: int
+        self, connection: AsyncConnection, statement: Update, now: int, *, durable: bool
     ) -> Sequence[Row[Any]]:
         rows = (await connection.execute(statement)).all()
-        if self._history is not None:
-            started = history.start_rows(rows, now=now, worker=self._history.worker)
-            if started:
-                await connection.execute(self._started, started)
+        await self._record_claim(connection, rows, now, durable)
         return rows
 
     async def delete_recorded(

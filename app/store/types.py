@@ -6,7 +6,7 @@ All are frozen dataclasses; times are integer epoch milliseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from app.store import validate
 
@@ -221,6 +221,12 @@ class BotControl:
     rate_per_second: float | None = None
     breaker: str | None = None
     breaker_at: int | None = None
+    # What the last getWebhookInfo check saw (bots with a token): Telegram's pending update
+    # count, its last error's date (epoch seconds) and message, and when it looked (epoch ms).
+    webhook_pending: int | None = None
+    webhook_error_date: int | None = None
+    webhook_error_message: str | None = None
+    webhook_checked_at: int | None = None
 
     @property
     def paused(self) -> bool:
@@ -306,6 +312,48 @@ class BulkOutcome:
     matched: int
     changed: int
     sample: list[Exhaustion]
+
+
+# The operational events (SPEC section 9), as `operations_url` receives them.
+EventType = Literal[
+    "exhaustion.created",
+    "breaker.opened",
+    "breaker.closed",
+    "backlog.stale",
+    "bot.paused",
+    "bot.resumed",
+    "redrive.finished",
+    "telegram.webhook_error",
+]
+EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
+
+
+@dataclass(frozen=True, slots=True)
+class OperationalEvent:
+    """One event of the outbox, taken for delivery (`take_events`) until `lease_until`:
+    `payload` is the JSON body to send, verbatim; `deliveries` the failed ones so far."""
+
+    id: int
+    type: EventType
+    payload: str
+    created_at: int
+    deliveries: int
+    lease_until: int
+
+    @property
+    def message_id(self) -> str:
+        """The Standard Webhooks `webhook-id`: the same for every delivery of this event."""
+        return f"evt_{self.created_at}_{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookInfo:
+    """What one getWebhookInfo call said of a bot's webhook (`report_webhook_info`)."""
+
+    url: str
+    pending_update_count: int
+    last_error_date: int | None = None  # epoch seconds, as Telegram gives it
+    last_error_message: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

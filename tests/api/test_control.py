@@ -724,7 +724,7 @@ async def test_redrive_by_filter_dry_run_then_for_real(api: Api) -> None:
     dry = await api.post("/v1/exhaustions/redrive", {**selection, "dry_run": True})
     assert dry.status_code == 200, dry.text
     answer = dry.json()
-    assert (answer["matched"], answer["changed"]) == (3, 0)
+    assert (answer["matched"], answer["redriven"]) == (3, 0)
     assert [(s["bot"], s["update_id"]) for s in answer["sample"]] == [
         ("shop", 1),
         ("shop", 2),
@@ -743,7 +743,7 @@ async def test_redrive_by_filter_dry_run_then_for_real(api: Api) -> None:
     real = await api.post("/v1/exhaustions/redrive", selection, key=OPERATOR_KEY)
     finished = now_ms()
     assert real.status_code == 200, real.text
-    assert (real.json()["matched"], real.json()["changed"]) == (3, 3)
+    assert (real.json()["matched"], real.json()["redriven"]) == (3, 3)
     assert real.json()["sample"] == answer["sample"]
     for update_id in (1, 2, 3):
         row = await api.row("shop", update_id)
@@ -762,7 +762,7 @@ async def test_redrive_by_filter_dry_run_then_for_real(api: Api) -> None:
     assert (row.state, row.attempts) == ("processing", identity.attempt + 1)
     assert not await api.store.acknowledge_exhaustion(identity, now_ms())
     again = await api.post("/v1/exhaustions/redrive", selection)
-    assert (again.json()["matched"], again.json()["changed"]) == (0, 0)
+    assert (again.json()["matched"], again.json()["redriven"]) == (0, 0)
 
 
 async def test_redrive_filters_by_every_criterion(api: Api) -> None:
@@ -801,13 +801,13 @@ async def test_redrive_by_identities_takes_exactly_those(api: Api) -> None:
     stale = dataclasses.replace(made[("shop", 2)], claim_id=NO_SUCH_CLAIM)
     chosen = [wire(made[("shop", 1)]), wire(made[("news", 1)]), wire(stale)]
     dry = await api.post("/v1/exhaustions/redrive", {"identities": chosen, "dry_run": True})
-    assert (dry.json()["matched"], dry.json()["changed"]) == (2, 0)
+    assert (dry.json()["matched"], dry.json()["redriven"]) == (2, 0)
     real = await api.post("/v1/exhaustions/redrive", {"identities": chosen})
-    assert (real.json()["matched"], real.json()["changed"]) == (2, 2)
+    assert (real.json()["matched"], real.json()["redriven"]) == (2, 2)
     assert await listed(api) == [("shop", 2), ("shop", 3), ("shop", 4)]
     assert (await api.row("news", 1)).state == "failed"
     empty = await api.post("/v1/exhaustions/redrive", {"identities": []})
-    assert (empty.json()["matched"], empty.json()["changed"]) == (0, 0)
+    assert (empty.json()["matched"], empty.json()["redriven"]) == (0, 0)
 
 
 async def test_redrive_paces_at_the_given_rate_or_else_the_bots_limit(api: Api) -> None:
@@ -816,7 +816,7 @@ async def test_redrive_paces_at_the_given_rate_or_else_the_bots_limit(api: Api) 
     paced = await api.post(
         "/v1/exhaustions/redrive", {"filter": {"bot": "shop"}, "rate_per_second": 10}
     )
-    assert paced.json()["changed"] == 4
+    assert paced.json()["redriven"] == 4
     due = [(await api.row("shop", update_id)).due_at for update_id in (1, 2, 3, 4)]
     assert between(due[0], started, now_ms())
     assert [later - due[0] for later in due] == [0, 100, 200, 300]  # 10 per second, key order
@@ -824,7 +824,7 @@ async def test_redrive_paces_at_the_given_rate_or_else_the_bots_limit(api: Api) 
     assert (await api.post("/v1/bots/news/rate-limit", {"per_second": 4})).status_code == 200
     await api.exhaustion("news", 2)
     news = await api.post("/v1/exhaustions/redrive", {"filter": {"bot": "news"}})
-    assert news.json()["changed"] == 2
+    assert news.json()["redriven"] == 2
     first, second = [(await api.row("news", update_id)).due_at for update_id in (1, 2)]
     assert second - first == 250
     # The slowest pace, one per 1,000 s: the due times stay far inside BIGINT.
@@ -833,7 +833,7 @@ async def test_redrive_paces_at_the_given_rate_or_else_the_bots_limit(api: Api) 
     slowest = await api.post(
         "/v1/exhaustions/redrive", {"filter": {"bot": "news"}, "rate_per_second": 0.001}
     )
-    assert slowest.json()["changed"] == 2
+    assert slowest.json()["redriven"] == 2
     first, second = [(await api.row("news", update_id)).due_at for update_id in (3, 4)]
     assert second - first == 1_000_000
     await api.exhaustion("news", 5)
@@ -863,10 +863,10 @@ async def test_redrive_of_everything_needs_all_true(api: Api) -> None:
         assert "all: true" in error_of(response), body
     assert await snapshot(api) == before
     dry = await api.post("/v1/exhaustions/redrive", {"filter": {}, "dry_run": True})
-    assert (dry.json()["matched"], dry.json()["changed"]) == (5, 0)
+    assert (dry.json()["matched"], dry.json()["redriven"]) == (5, 0)
     assert await snapshot(api) == before
     every = await api.post("/v1/exhaustions/redrive", {"filter": {}, "all": True})
-    assert (every.json()["matched"], every.json()["changed"]) == (5, 5)
+    assert (every.json()["matched"], every.json()["redriven"]) == (5, 5)
     assert await listed(api) == []
 
 
@@ -923,7 +923,7 @@ async def test_redrive_of_an_unknown_or_foreign_bot_is_refused(api: Api) -> None
     assert await snapshot(api) == before
     # A key limited to shop acting on every exhaustion acts on shop's only.
     limited = await api.post("/v1/exhaustions/redrive", {"filter": {}, "all": True}, key=SHOP_KEY)
-    assert (limited.json()["matched"], limited.json()["changed"]) == (4, 4)
+    assert (limited.json()["matched"], limited.json()["redriven"]) == (4, 4)
     assert await listed(api) == [("news", 1)]
 
 
@@ -936,14 +936,14 @@ async def test_acknowledge_by_filter_dry_run_then_for_real(api: Api) -> None:
     before = await snapshot(api)
     dry = await api.post("/v1/exhaustions/acknowledge", {**selection, "dry_run": True})
     assert dry.status_code == 200, dry.text
-    assert (dry.json()["matched"], dry.json()["changed"]) == (3, 0)
+    assert (dry.json()["matched"], dry.json()["acknowledged"]) == (3, 0)
     expected = [("news", 1), ("shop", 1), ("shop", 3)]
     assert [(s["bot"], s["update_id"]) for s in dry.json()["sample"]] == expected
     assert await snapshot(api) == before
     started = now_ms()
     real = await api.post("/v1/exhaustions/acknowledge", selection, key=OPERATOR_KEY)
     finished = now_ms()
-    assert (real.json()["matched"], real.json()["changed"]) == (3, 3)
+    assert (real.json()["matched"], real.json()["acknowledged"]) == (3, 3)
     for key in expected:
         row = await api.row(*key)
         assert row.state == "abandoned", key
@@ -955,7 +955,7 @@ async def test_acknowledge_by_filter_dry_run_then_for_real(api: Api) -> None:
     assert needs_all.status_code == 422
     assert "filter is empty" in error_of(needs_all)
     every = await api.post("/v1/exhaustions/acknowledge", {"filter": {}, "all": True})
-    assert (every.json()["matched"], every.json()["changed"]) == (2, 2)
+    assert (every.json()["matched"], every.json()["acknowledged"]) == (2, 2)
     assert await listed(api) == []
 
 
@@ -966,7 +966,7 @@ async def test_acknowledge_by_identities_and_the_single_identity_form(api: Api) 
         "/v1/exhaustions/acknowledge", {"identities": [wire(made[("shop", 1)]), wire(stale)]}
     )
     assert bulk.status_code == 200, bulk.text
-    assert (bulk.json()["matched"], bulk.json()["changed"]) == (1, 1)
+    assert (bulk.json()["matched"], bulk.json()["acknowledged"]) == (1, 1)
     # The form a downstream sends, with any key that may call back: {"acknowledged": bool}.
     single = await api.post(
         "/v1/exhaustions/acknowledge", wire(made[("shop", 2)]), key=CALLBACK_KEY
@@ -1072,7 +1072,7 @@ async def test_operator_keys_act_whatever_their_scope_is_called(api: Api) -> Non
     acknowledged = await api.post(
         "/v1/exhaustions/acknowledge", {"identities": [wire(made[("news", 1)])]}, key=OPERATIONS_KEY
     )
-    assert acknowledged.json()["changed"] == 1
+    assert acknowledged.json()["acknowledged"] == 1
     # A callback-only key calls back, and acts on nothing.
     for path, body in [
         ("/v1/bots/news/pause", None),

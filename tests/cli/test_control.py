@@ -409,7 +409,7 @@ async def test_exhaustions_redrive_by_filter_dry_run_then_paced(storage: Storage
     assert "HTTP 500: boom 1" in lines[1]
     assert [await row(url, "shop", n) for n in (1, 2, 3, 4)] == before
     as_dry = as_json(cli(url, "exhaustions", "redrive", "--chat", "42", "--dry-run", "--json"))
-    assert (as_dry["matched"], as_dry["changed"]) == (2, 0)
+    assert (as_dry["matched"], as_dry["redriven"]) == (2, 0)
     assert as_dry["sample"][0] == {
         "bot": "shop",
         "update_id": 1,
@@ -455,7 +455,7 @@ async def test_exhaustions_ack_by_filter_and_by_exact_identity(storage: Storage)
     assert len(await open_exhaustions(url)) == 4
     real = as_json(cli(url, "exhaustions", "ack", "--bot", "shop", "--type", "callback_query",
                        "--json"))  # fmt: skip
-    assert (real["matched"], real["changed"]) == (1, 1)
+    assert (real["matched"], real["acknowledged"]) == (1, 1)
     assert (await row(url, "shop", 4)).acknowledged_at is not None
     # The positional form: one exact identity.
     one = made[("shop", 1)]

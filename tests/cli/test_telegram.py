@@ -7,56 +7,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
-from typing import Any
 
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from app.cli.telegram import describe_webhook
 from tests.conftest import serve_asgi
+from tests.fake_bot_api import TOKEN, FakeBotApi
 
 pytestmark = pytest.mark.slow  # each test runs the command line as real processes
 
-TOKEN = "123456:AAH-secret-bot-token"
 SECRET = "webhook-secret_token"
-
-
-class FakeBotApi:
-    """Keeps the webhook Telegram would keep, and what each call asked."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.webhook: dict[str, Any] = {"url": "", "pending_update_count": 0}
-        self._lock = threading.Lock()
-
-    def app(self) -> Starlette:
-        async def method(request: Request) -> JSONResponse:
-            if request.path_params["token"] != TOKEN:
-                return JSONResponse(
-                    {"ok": False, "error_code": 401, "description": "Unauthorized"}, 401
-                )
-            name = request.path_params["method"]
-            params = await request.json()
-            with self._lock:
-                self.calls.append((name, params))
-                if name == "setWebhook":
-                    self.webhook = {
-                        "url": params["url"],
-                        "pending_update_count": 3,
-                        "max_connections": params.get("max_connections", 40),
-                        "allowed_updates": params.get("allowed_updates"),
-                        "last_error_date": int(time.time()) - 120,
-                        "last_error_message": "Wrong response from the webhook: 503",
-                    }
-                    return JSONResponse({"ok": True, "result": True})
-                return JSONResponse({"ok": True, "result": self.webhook})
-
-        return Starlette(routes=[Route("/bot{token}/{method}", method, methods=["POST"])])
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -371,7 +371,7 @@ async def test_a_paced_redrive_of_10000_exhaustions_delivers_each_once_in_chat_o
             )
             answered = time.monotonic() - asked
             assert response.status_code == 200, response.text
-            assert response.json()["matched"] == response.json()["changed"] == len(updates)
+            assert response.json()["matched"] == response.json()["redriven"] == len(updates)
 
         await eventually(lambda: len(downstream.received) >= len(updates), within=90)
         await eventually(

@@ -24,11 +24,13 @@ from app.store import (
     Failed,
     HandedBack,
     NewUpdate,
+    OperationalEvent,
     SearchCursor,
     SearchPage,
     Settlement,
     SqlUpdateStore,
     UpdateFilter,
+    WebhookInfo,
     chat_order,
     predicates,
     queries,
@@ -516,4 +518,68 @@ class RedriveIgnoresTheBotsRate(SqlUpdateStore):
 
 CONTROLS[RedriveIgnoresTheBotsRate] = (
     "a redrive of one bot without a rate goes at that bot's rate limit"
+)
+
+
+class PauseWithoutItsEvent(SqlUpdateStore):
+    """A pause that commits without its bot.paused event."""
+
+    async def _emit(self, connection: Any, made: Sequence[tuple[Any, int, dict[str, Any]]]) -> None:
+        await super()._emit(connection, [event for event in made if event[0] != "bot.paused"])
+
+
+CONTROLS[PauseWithoutItsEvent] = (
+    "each action writes its operational event, and only a change writes one"
+)
+
+
+class EventDeliveredWithoutItsLease(SqlUpdateStore):
+    """A delivery that marks its event delivered by id, whether or not its lease still holds."""
+
+    async def event_delivered(self, event: OperationalEvent, at: int) -> bool:
+        assert self.events_table is not None
+        e = self.events_table.c
+        statement = (
+            update(self.events_table)
+            .where(e.id == event.id, e.delivered_at.is_(None))
+            .values(delivered_at=at, due_at=None)
+            .returning(e.id)
+        )
+        return await self._changed(statement)
+
+
+CONTROLS[EventDeliveredWithoutItsLease] = (
+    "events are delivered under a lease: once, again after a failure, never after"
+)
+
+
+class BacklogStaleEveryCheck(SqlUpdateStore):
+    """A backlog watch that forgets its episodes: backlog.stale on every check."""
+
+    async def watch_backlog(
+        self, bots: Sequence[str], *, now: int, stale_after_ms: int
+    ) -> list[str]:
+        assert self.bots_table is not None
+        async with self.transaction() as connection:
+            await connection.execute(update(self.bots_table).values(stale_since=None))
+        return await super().watch_backlog(bots, now=now, stale_after_ms=stale_after_ms)
+
+
+CONTROLS[BacklogStaleEveryCheck] = (
+    "backlog.stale is written once an episode, and again after the backlog is fresh"
+)
+
+
+class WebhookErrorEveryCheck(SqlUpdateStore):
+    """A webhook watch that forgets the error it saw: telegram.webhook_error on every check."""
+
+    async def report_webhook_info(self, bot: str, info: WebhookInfo, *, at: int) -> bool:
+        assert self.bots_table is not None
+        async with self.transaction() as connection:
+            await connection.execute(update(self.bots_table).values(webhook_error_date=None))
+        return await super().report_webhook_info(bot, info, at=at)
+
+
+CONTROLS[WebhookErrorEveryCheck] = (
+    "one caller takes a due webhook check; a newer error writes webhook_error"
 )

@@ -22,14 +22,14 @@ def emptied_stores(
     url = storage.url(revision)
 
     async def make_store() -> SqlUpdateStore:
-        opened = await open_store(url)
+        opened = await open_store(url, events=True)
         async with opened.engine.begin() as connection:
             for table in opened.table.metadata.sorted_tables:  # with revision 0004's
                 await connection.execute(delete(table))
         return (
             opened
             if kind is SqlUpdateStore
-            else kind(opened.engine, opened.table.name, opened.revision)
+            else kind(opened.engine, opened.table.name, opened.revision, events=True)
         )
 
     return make_store

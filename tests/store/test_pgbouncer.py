@@ -18,10 +18,10 @@ from tests.pgbouncer import BouncedStorage
 
 def emptied_stores(url: str, **options: object) -> Callable[[], Awaitable[SqlUpdateStore]]:
     """`make_store` for the check: stores on one migrated database, emptied first (as
-    tests/store/test_conformance.py does), opened with `options`."""
+    tests/store/test_conformance.py does), recording events, opened with `options`."""
 
     async def make_store() -> SqlUpdateStore:
-        opened = await open_store(url, **options)  # type: ignore[arg-type]
+        opened = await open_store(url, events=True, **options)  # type: ignore[arg-type]
         async with opened.engine.begin() as connection:
             for table in opened.table.metadata.sorted_tables:  # with revision 0004's
                 await connection.execute(delete(table))

@@ -2,8 +2,9 @@
 
     violations = await check_update_store(make_store)
 
-`make_store` is an async callable returning a fresh, empty store; each rule runs on its own
-store, which the check closes. Base rules run on every store, fenced rules on fenced and
+`make_store` is an async callable returning a fresh, empty store (a durable one recording
+operational events: opened with `events=True`); each rule runs on its own store, which the
+check closes. Base rules run on every store, fenced rules on fenced and
 durable stores, durable rules on durable stores. Each violation reads "<rule>: <what>".
 Times are epoch milliseconds; unless a rule says otherwise max_attempts is 2.
 """
@@ -15,6 +16,7 @@ from collections.abc import Awaitable, Callable, Collection
 from app.store.conformance import (  # noqa: F401 (they register)
     claims,
     control,
+    events,
     exhaustions,
     records,
     settles,
@@ -28,8 +30,9 @@ MakeStore = Callable[[], Awaitable[UpdateStore]]
 
 # One module per method family registers its rules, each with its name and level: `records`
 # (add, add_many, due, prune), `claims` (claim, renew, claim_owned, claim_next_owned), `settles`
-# (settle, settle_owned, settle_many_owned, owns), `exhaustions` (the durable level) and
-# `control` (operator control, the durable level from revision 0004). They
+# (settle, settle_owned, settle_many_owned, owns), `exhaustions` (the durable level),
+# `control` (operator control, the durable level from revision 0004) and `events` (its
+# operational events: the durable rules need a store opened with events=True). They
 # run level by level, each level's families in the order imported above.
 _RULES = sorted(
     ((name, level, rule) for rule, (name, level) in _REGISTERED.items()),

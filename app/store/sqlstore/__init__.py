@@ -15,13 +15,13 @@ from __future__ import annotations
 from app.store import validate
 from app.store.engine import create_store_engine
 from app.store.schema import DEFAULT_TABLE
-from app.store.sqlstore.control import ControlMethods
 from app.store.sqlstore.core import read_capability, read_revision
+from app.store.sqlstore.events import EventMethods
 
 __all__ = ["SqlUpdateStore", "open_store", "read_capability"]
 
 
-class SqlUpdateStore(ControlMethods):
+class SqlUpdateStore(EventMethods):
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema."""
 
 
@@ -36,6 +36,7 @@ async def open_store(
     listen_url: str | None = None,
     history: bool = True,
     worker: str | None = None,
+    events: bool = False,
 ) -> SqlUpdateStore:
     """Open a store on a migrated database; `capability` is read from the live schema. On
     PostgreSQL, nonzero timeouts bound every statement of its connections (a statement past
@@ -55,4 +56,4 @@ async def open_store(
     except BaseException:
         await engine.dispose()
         raise
-    return SqlUpdateStore(engine, table, revision, history=history, worker=worker)
+    return SqlUpdateStore(engine, table, revision, history=history, worker=worker, events=events)

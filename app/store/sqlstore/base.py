@@ -7,7 +7,7 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-from app.store import queries, validate
+from app.store import events, queries, validate
 from app.store.sqlstore.core import (
     SqlCore,
     check_bots,
@@ -129,10 +129,10 @@ class BaseMethods(SqlCore):
         """Batches of PRUNE_BATCH rows, each its own transaction, until one comes up short:
         writers (the intake above all) get their turn between batches. One process prunes a
         table at a time: while another one's batch runs, this prune stops where it is (the
-        other deletes the rest)."""
-        statement = queries.prune(
-            self.table, before=validate.millis("before", before), limit=PRUNE_BATCH
-        )
+        other deletes the rest). Delivered operational events of the same age go with them
+        (revision 0004; undelivered ones stay)."""
+        before = validate.millis("before", before)
+        statement = queries.prune(self.table, before=before, limit=PRUNE_BATCH)
         deleted = 0
         while True:
             async with self.transaction() as connection:
@@ -143,8 +143,12 @@ class BaseMethods(SqlCore):
                 )
             deleted += batch
             if batch < PRUNE_BATCH:
-                return deleted
+                break
             await asyncio.sleep(0)
+        if self.events_table is not None:
+            async with self._write() as connection:
+                await connection.execute(events.prune(self.events_table, before=before))
+        return deleted
 
     async def refresh_statistics(
         self, *, min_changes: int = 1000, min_age_seconds: float = 10.0

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Table, Update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.store import control, history, validate
+from app.store import control, events, history, validate
 from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.sqlstore.core import check_identity
 from app.store.sqlstore.durable import DurableMethods, exhaustion_of
@@ -107,6 +107,8 @@ class ControlMethods(DurableMethods):
                 await self._record(
                     connection, at=at, by=by, action="pause", target=bot, detail=detail
                 )
+                data = {"bot": bot, "by": by, "reason": reason, "paused_at": at}
+                await self._emit(connection, [("bot.paused", at, data)])
         return paused
 
     async def resume(self, bot: str, *, at: int, by: str) -> bool:
@@ -118,6 +120,8 @@ class ControlMethods(DurableMethods):
             resumed = (await connection.execute(control.resume(table, bot=bot))).first()
             if resumed is not None:
                 await self._record(connection, at=at, by=by, action="resume", target=bot)
+                data = {"bot": bot, "by": by, "resumed_at": at}
+                await self._emit(connection, [("bot.resumed", at, data)])
         if resumed is not None:
             await self.announce()
         return resumed is not None
@@ -176,19 +180,26 @@ class ControlMethods(DurableMethods):
             await connection.execute(statement)
 
     async def report_breaker(self, bot: str, state: str, *, at: int) -> None:
-        """Record the breaker transition a worker's breaker for `bot` just made."""
+        """Record the breaker transition a worker's breaker for `bot` just made. The shared
+        row going from closed (or none) to open writes breaker.opened, and from open or
+        half-open to closed breaker.closed: one event a change of the shared row, however
+        many workers' breakers make it."""
         table, _, _ = self._operator_tables("report_breaker")
         if state not in ("closed", "open", "half_open"):
             raise ValueError(f"breaker state {state!r} is not closed, open or half_open")
-        statement = control.report_breaker(
-            table,
-            self.dialect,
-            bot=validate.bot_name(bot),
-            state=state,
-            at=validate.millis("at", at),
-        )
-        async with self._write() as connection:
+        bot, at = validate.bot_name(bot), validate.millis("at", at)
+        statement = control.report_breaker(table, self.dialect, bot=bot, state=state, at=at)
+        if self._outbox() is None:
+            async with self._write() as connection:
+                await connection.execute(statement)
+            return
+        async with self.transaction() as connection:
+            await connection.execute(control.ensure_bot(table, self.dialect, bot=bot))
+            before = (await connection.execute(control.breaker_of(table, bot=bot))).scalar()
             await connection.execute(statement)
+            kind = control.breaker_event(before, state)
+            if kind is not None:
+                await self._emit(connection, [(kind, at, {"bot": bot, "at": at})])
 
     # -- exhaustions in bulk -----------------------------------------------------------------
 
@@ -329,6 +340,13 @@ class ControlMethods(DurableMethods):
                 matched=done,
                 changed=done,
             )
+            if action == "redrive":
+                data = {"target": _target(selection), "by": by, "redriven": done, **(detail or {})}
+                if "filter" in selected:
+                    data["filter"] = selected["filter"]
+                else:  # the identities are in the audit log; the event tells how many
+                    data["identities"] = len(selected["identities"])
+                await self._emit(connection, [("redrive.finished", at, data)])
         return BulkOutcome(done, done, sample)
 
     async def park(self, identity: ClaimIdentity, *, at: int, by: str, reason: str) -> bool:
@@ -347,6 +365,8 @@ class ControlMethods(DurableMethods):
         async with self.transaction() as connection:
             parked = await self._backend.transition(connection, statement, follow)
             if parked is not None:
+                data = events.exhaustion(parked, error=f"parked: {text}", at=at, reason="parked")
+                await self._emit(connection, [("exhaustion.created", at, data | {"by": by})])
                 await self._record(
                     connection,
                     at=at,
@@ -454,6 +474,10 @@ def _control(row: Any) -> BotControl:
         rate_per_second=row.rate_per_second,
         breaker=row.breaker,
         breaker_at=row.breaker_at,
+        webhook_pending=row.webhook_pending,
+        webhook_error_date=row.webhook_error_date,
+        webhook_error_message=row.webhook_error_message,
+        webhook_checked_at=row.webhook_checked_at,
     )
 
 

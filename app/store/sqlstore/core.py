@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import Table, Update, inspect
+from sqlalchemy import Row, Table, Update, inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.expression import Executable
 
-from app.store import history, queries, validate
+from app.store import events, history, queries, validate
 from app.store.backend import Backend, History
 from app.store.engine import translated_errors
 from app.store.errors import UPGRADE_HINT, SchemaError
@@ -37,6 +37,7 @@ from app.store.types import (
     Capability,
     ClaimIdentity,
     Completed,
+    EventType,
     Failed,
     HandedBack,
     Settlement,
@@ -118,10 +119,13 @@ class SqlCore:
         *,
         history: bool = True,
         worker: str | None = None,
+        events: bool = False,
     ) -> None:
         """`engine` as `create_store_engine` makes it (on PostgreSQL: AUTOCOMMIT). `history`:
-        record every attempt (revision 0004), as run by `worker` (default: host:pid)."""
+        record every attempt (revision 0004), as run by `worker` (default: host:pid).
+        `events`: record the operational events (revision 0004; `operations_url` set)."""
         self.keeps_history = history
+        self.records_events = events
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
         self._tables(table, revision)
         self.revision: Revision = revision
@@ -131,7 +135,7 @@ class SqlCore:
         )
         # Public, and what `transaction` opens: a real transaction on either backend.
         self.engine = self._backend.transactions
-        self._backend.prepare(self.table, self.wake_channel, self._history())
+        self._backend.prepare(self.table, self.wake_channel, self._history(), self._outbox())
 
     def _tables(self, table: str, revision: Revision) -> None:
         tables = make_metadata(table, revision).tables
@@ -146,6 +150,19 @@ class SqlCore:
         if self.attempts_table is None or not self.keeps_history:
             return None
         return History(self.attempts_table, self.worker)
+
+    def _outbox(self) -> Table | None:
+        """The events table, when this store records operational events."""
+        return self.events_table if self.records_events else None
+
+    async def _emit(
+        self, connection: AsyncConnection, made: Sequence[tuple[EventType, int, dict[str, Any]]]
+    ) -> None:
+        """Write operational events (type, epoch ms, data) in the caller's transaction, so
+        they are sent if and only if what they tell of commits; nothing when events are off."""
+        outbox = self._outbox()
+        if outbox is not None and made:
+            await connection.execute(events.record(outbox, made))
 
     @property
     def capability(self) -> Capability:
@@ -163,7 +180,7 @@ class SqlCore:
         self.revision = await read_revision(self.engine, self.table.name)
         self._capability = capability_of(self.revision)
         self._tables(self.table.name, self.revision)
-        self._backend.prepare(self.table, self.wake_channel, self._history())
+        self._backend.prepare(self.table, self.wake_channel, self._history(), self._outbox())
         return self._capability
 
     def require(self, level: Capability, feature: str) -> None:
@@ -217,15 +234,29 @@ class SqlCore:
         async with self._write() as connection:
             return (await connection.execute(statement)).first() is not None
 
-    async def _ended(self, statement: Update, identity: ClaimIdentity, **end: Any) -> bool:
+    async def _ended(
+        self,
+        statement: Update,
+        identity: ClaimIdentity,
+        *,
+        event: Callable[[Row[Any]], tuple[EventType, int, dict[str, Any]]] | None = None,
+        **end: Any,
+    ) -> bool:
         """Run a transition that ends the attempt of `identity` and, when it matched, end that
-        attempt in its history (`history.ended`, with `end`), both in one write; whether it
-        matched."""
+        attempt in its history (`history.ended`, with `end`), both in one write, and write
+        the `event` the matched row makes (when events are on) in the same transaction;
+        whether it matched."""
         follow = None
         if self.attempts_table is not None and self.keeps_history:
             follow = history.ended(self.attempts_table, identity, **end)
-        async with self._write() as connection:
-            return await self._backend.transition(connection, statement, follow) is not None
+        if event is None or self._outbox() is None:
+            async with self._write() as connection:
+                return await self._backend.transition(connection, statement, follow) is not None
+        async with self.transaction() as connection:
+            row = await self._backend.transition(connection, statement, follow)
+            if row is not None:
+                await self._emit(connection, [event(row)])
+        return row is not None
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:

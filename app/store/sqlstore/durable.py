@@ -6,11 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.store import queries, validate
+from sqlalchemy import Row
+
+from app.store import events, queries, validate
 from app.store.sqlstore.core import check_bots, check_identity, check_lease
 from app.store.sqlstore.fenced import FencedMethods
 from app.store.types import (
     ClaimIdentity,
+    EventType,
     Exhaustion,
 )
 
@@ -23,8 +26,19 @@ class DurableMethods(FencedMethods):
         identity, at = check_identity(identity), validate.millis("at", at)
         error, status = validate.text("error", error), validate.status("status", status)
         statement = queries.exhaust(self.table, identity=identity, at=at, error=error)
+
+        def created(row: Row[Any]) -> tuple[EventType, int, dict[str, Any]]:
+            data = events.exhaustion(row, error=error, at=at, reason="failed")
+            return "exhaustion.created", at, data | {"status_code": status}
+
         return await self._ended(
-            statement, identity, at=at, outcome="exhausted", status=status, error=error
+            statement,
+            identity,
+            event=created,
+            at=at,
+            outcome="exhausted",
+            status=status,
+            error=error,
         )
 
     async def due_exhaustions(

@@ -29,8 +29,9 @@ class FencedMethods(BaseMethods):
         *,
         history: bool = True,
         worker: str | None = None,
+        events: bool = False,
     ) -> None:
-        super().__init__(engine, table, revision, history=history, worker=worker)
+        super().__init__(engine, table, revision, history=history, worker=worker, events=events)
         # Per bot filter: the next chat claim's window and the claims left to skip it
         # (chat_order.next_window).
         self._chat_windows: dict[tuple[str, ...] | None, tuple[int, int]] = {}
@@ -58,7 +59,7 @@ class FencedMethods(BaseMethods):
             durable_exhaustion=durable_exhaustion,
         )
         async with self._write() as connection:
-            rows = await self._backend.claim_recorded(connection, statement, now)
+            rows = await self._backend.claim_recorded(connection, statement, now, durable=durable)
         if not rows or rows[0].state != "processing":
             return None
         return ClaimIdentity(bot, update_id, rows[0].attempts, rows[0].claim_id)
