@@ -40,8 +40,11 @@ def upgrade() -> None:
     bind = op.get_bind()
     for suffix in SUFFIXES:
         metadata.tables[table + suffix].create(bind)
+    # On a large PostgreSQL table an index build holds off the intake's inserts while it runs:
+    # build them first with CREATE INDEX CONCURRENTLY (docs/store.md, "Upgrading a large
+    # table to 0004"), and this keeps them.
     for name, columns in SEARCH_INDEXES.items():
-        op.create_index(f"ix_{table}_{name}", table, columns)
+        op.create_index(f"ix_{table}_{name}", table, columns, if_not_exists=True)
 
 
 def downgrade() -> None:

@@ -30,6 +30,7 @@ from app.kit.wire import (
     UpdateId,
     UpdateView,
 )
+from app.overview import bots_overview
 from app.store import BulkOutcome, ClaimIdentity, ExhaustionFilter, UpdateFilter
 from app.store.validate import MAX_RATE, MIN_RATE
 
@@ -55,6 +56,13 @@ SEARCH_CURSOR = r"^[0-9]{1,19}:[a-z0-9][a-z0-9_-]{0,31}:[0-9]{1,19}$"
 # -- messages ------------------------------------------------------------------------------------
 
 
+class WebhookItem(Message):
+    pending_update_count: int = Field(description="updates Telegram holds for the webhook")
+    last_error_date: int | None = Field(description="epoch seconds, as Telegram gives it")
+    last_error_message: str | None
+    checked_at: EpochMillis
+
+
 class BotItem(Message):
     bot: BotName
     paused: bool
@@ -66,6 +74,9 @@ class BotItem(Message):
     open_exhaustions: int
     oldest_undelivered_age_ms: int | None
     breaker: Literal["closed", "open", "half_open"] | None
+    webhook: WebhookItem | None = Field(
+        description="what the last getWebhookInfo check saw (bots with a bot_token)"
+    )
 
 
 class BotList(Message):
@@ -255,36 +266,8 @@ async def bots(grant: Viewer) -> BotList:
     services = grant.services
     allowed = grant.bots(None)
     names = [bot.name for bot in services.settings.bots if allowed is None or bot.name in allowed]
-    now = services.now()
-    controls = {c.bot: c for c in await services.store.bot_controls(names)}
-    stats = {s.bot: s for s in await services.store.stats()}
-    items = []
-    for name in names:
-        control, counted = controls[name], stats.get(name)
-        oldest = None if counted is None else counted.oldest_undelivered_at
-        settings = services.settings.bot(name)
-        breaker = control.breaker
-        cooled = (
-            settings is not None
-            and control.breaker_at is not None
-            and now - control.breaker_at >= settings.breaker_cooldown_seconds * 1000
-        )
-        if breaker == "open" and cooled:
-            breaker = "half_open"  # a probe may go out
-        items.append(
-            BotItem(
-                bot=name,
-                paused=control.paused,
-                paused_at=control.paused_at,
-                paused_by=control.paused_by,
-                paused_reason=control.paused_reason,
-                rate_limit_per_second=control.rate_per_second,
-                counts=dict(counted.states) if counted else {},
-                open_exhaustions=(counted.unacknowledged_exhaustions or 0) if counted else 0,
-                oldest_undelivered_age_ms=None if oldest is None else max(0, now - oldest),
-                breaker=breaker,
-            )
-        )
+    found = await bots_overview(services.store, services.settings, names, services.now())
+    items = [BotItem.model_validate(bot, from_attributes=True) for bot in found]
     return BotList(items=items)
 
 
@@ -388,22 +371,8 @@ async def attempts(
     records = await grant.services.store.attempt_history(bot, update_id)
     if records is None:
         raise HTTPException(404, f"no update {update_id} of bot {bot!r} is recorded")
-    return AttemptList(
-        items=[
-            AttemptItem(
-                attempt=r.attempt,
-                claim_id=r.claim_id,
-                started_at=r.started_at,
-                ended_at=r.ended_at,
-                outcome=r.outcome,
-                status_code=r.status_code,
-                error=r.error,
-                duration_ms=r.duration_ms,
-                worker=r.worker,
-            )
-            for r in records
-        ]
-    )
+    items = [AttemptItem.model_validate(record, from_attributes=True) for record in records]
+    return AttemptList(items=items)
 
 
 @router.post("/updates/{bot}/{update_id}/park")

@@ -10,6 +10,7 @@ process at its commit, and every action is recorded in the audit log, under `cli
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
 import socket
@@ -21,6 +22,7 @@ from typing import Any
 from app.cli.operations import _age, _run, _time, table
 from app.cli.service import Commands
 from app.config import Settings
+from app.overview import bots_overview
 from app.store import (
     BulkOutcome,
     ClaimIdentity,
@@ -100,26 +102,8 @@ def _print_json(value: Any) -> None:
 def _bots(settings: Settings, args: argparse.Namespace) -> int:
     async def work(store: OperatorStore) -> int:
         names = [bot.name for bot in settings.bots]
-        now = await store.database_time()
-        controls = await store.bot_controls(names)
-        stats = {row.bot: row for row in await store.stats()}
-        rows: list[dict[str, Any]] = []
-        for control in controls:
-            counted = stats.get(control.bot)
-            oldest = None if counted is None else counted.oldest_undelivered_at
-            rows.append(
-                {
-                    "bot": control.bot,
-                    "paused": control.paused,
-                    "paused_by": control.paused_by,
-                    "paused_reason": control.paused_reason,
-                    "rate_limit_per_second": control.rate_per_second,
-                    "breaker": control.breaker,
-                    "counts": dict(counted.states) if counted else {},
-                    "open_exhaustions": (counted.unacknowledged_exhaustions or 0) if counted else 0,
-                    "oldest_undelivered_age_ms": None if oldest is None else now - oldest,
-                }
-            )
+        found = await bots_overview(store, settings, names, await store.database_time())
+        rows = [dataclasses.asdict(bot) for bot in found]
         if args.json:
             _print_json(rows)
             return 0

@@ -115,19 +115,17 @@ def ended(
     error: str | None = None,
 ) -> Update:
     """End the attempt of `identity` in its history (once: an ended attempt keeps its end)."""
+    a = attempts.c
     return (
-        update_attempt(attempts, identity)
-        .where(attempts.c.ended_at.is_(None))
+        update(attempts)
+        .where(
+            a.bot == identity.bot,
+            a.update_id == identity.update_id,
+            a.attempt == identity.attempt,
+            a.claim_id == identity.claim_id,
+            a.ended_at.is_(None),
+        )
         .values(ended_at=at, outcome=outcome, status_code=status, error=excerpt(error))
-    )
-
-
-def update_attempt(attempts: Table, identity: ClaimIdentity) -> Update:
-    return update(attempts).where(
-        attempts.c.bot == identity.bot,
-        attempts.c.update_id == identity.update_id,
-        attempts.c.attempt == identity.attempt,
-        attempts.c.claim_id == identity.claim_id,
     )
 
 

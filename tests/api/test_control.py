@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.store import ClaimIdentity, Completed, Failed
+from app.store import ClaimIdentity, Completed, Failed, WebhookInfo
 from app.store.sqlstore import control as control_store
 from tests.api.conftest import (
     CALLBACK_KEY,
@@ -135,7 +135,21 @@ async def test_bots_list_every_configured_bot_with_controls_counts_and_age(api: 
         "open_exhaustions": 0,
         "oldest_undelivered_age_ms": None,
         "breaker": None,
+        "webhook": None,
     }
+
+
+async def test_bots_show_what_the_webhook_watch_last_saw(api: Api) -> None:
+    info = WebhookInfo("https://intake.example.com/telegram/shop", 12, 1_700_000_000, "HTTP 502")
+    await api.store.report_webhook_info("shop", info, at=1_800_000_000_000)
+    items = {item["bot"]: item for item in (await api.get("/v1/bots")).json()["items"]}
+    assert items["shop"]["webhook"] == {
+        "pending_update_count": 12,
+        "last_error_date": 1_700_000_000,
+        "last_error_message": "HTTP 502",
+        "checked_at": 1_800_000_000_000,
+    }
+    assert items["news"]["webhook"] is None
 
 
 async def test_bots_show_a_bots_limited_key_only_its_bots_and_the_breaker(api: Api) -> None:

@@ -139,6 +139,37 @@ def test_upgrade_matches_the_metadata_of_its_revision(storage: Storage, revision
     _assert_schema_is(storage, storage.url(revision), revision)
 
 
+def test_0004_keeps_search_indexes_an_operator_built_first(
+    postgres_storage: Storage,
+) -> None:
+    """docs/store.md's way to upgrade a large PostgreSQL table: the search indexes built
+    CONCURRENTLY (writes go on) before `alembic upgrade head`, which keeps them."""
+    url = postgres_storage.url("0003")
+    _insert(url, ROWS)
+    engine = create_sync_engine(url)
+    try:
+        with engine.connect() as connection:
+            autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
+            autocommit.execute(
+                text(
+                    f"CREATE INDEX CONCURRENTLY ix_{TABLE}_chat"
+                    f" ON {TABLE} (bot, queue_key, received_at, update_id)"
+                )
+            )
+            built = autocommit.scalar(
+                text("SELECT oid FROM pg_class WHERE relname = :name"), {"name": f"ix_{TABLE}_chat"}
+            )
+    finally:
+        engine.dispose()
+    upgrade(url, "head", table=TABLE)
+    _assert_schema_is(postgres_storage, url, "0004")
+    with _connect(url) as connection:
+        kept = connection.scalar(
+            text("SELECT oid FROM pg_class WHERE relname = :name"), {"name": f"ix_{TABLE}_chat"}
+        )
+    assert kept == built
+
+
 async def test_upgrade_keeps_rows_in_every_state(storage: Storage) -> None:
     url = storage.url("0001")
     _insert(url, ROWS)
