@@ -275,6 +275,12 @@ class Settings(BaseSettings, BotOptions):
     prune_interval_seconds: float = Field(60, gt=0, le=86_400)
     exhaustion_retry_seconds: float = Field(30, gt=0, le=86_400)
 
+    # The console (/console, SPEC section 10): its session cookies are signed by this secret;
+    # without one, by a secret drawn from the API keys (so every process of one configuration
+    # agrees, and changing the keys ends every session). A session lasts this long.
+    console_secret: SecretStr | None = None
+    console_session_seconds: int = Field(8 * 3600, ge=60, le=30 * 86_400)
+
     # Operational events (SPEC section 9; docs/operations.md): POSTed to operations_url, signed
     # with Standard Webhooks by operations_signing_secret (whsec_...), at least once: a failed
     # delivery is tried again after operations_retry_seconds, doubling up to an hour.

@@ -11,7 +11,7 @@ import httpx
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from app import __version__, api
+from app import __version__, api, console
 from app.api import Services, health
 from app.api.health import check_capability
 from app.api.leases import LeaseChecks, LeaseRenewals
@@ -109,9 +109,9 @@ def create_app(
     app.include_router(intake_router)
     app.include_router(health.router)
     api.install(app)
-    install_guard(
-        app, settings, metrics.request_refused, mounted=tuple(mounts or ()), lean=api.lean()
-    )
+    console.install(app, settings)
+    opened = (*(mounts or ()), console.PREFIX)
+    install_guard(app, settings, metrics.request_refused, mounted=opened, lean=api.lean())
     for path, mounted in (mounts or {}).items():
         app.mount(path, mounted)
 

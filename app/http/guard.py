@@ -4,7 +4,8 @@ only Starlette's own error and body-limit layers).
 
 - Two `Authorization` headers, or two `X-Telegram-Bot-Api-Secret-Token`, or two
   `Content-Encoding`: 400. Servers and proxies disagree on which one counts.
-- Every path but `/telegram/{bot}`, `/healthz` and `/readyz` needs a valid bearer key: 401
+- Every path but `/telegram/{bot}`, `/healthz`, `/readyz` and the apps mounted beside ours
+  (the console, with its own sign-in; the demo downstream) needs a valid bearer key: 401
   without one, the body unread (FastAPI reads a JSON body before any dependency runs, so a
   route's own check would come after the whole body sat in memory). The key found is kept
   in the scope, where `app.api.deps` takes it.
@@ -77,8 +78,9 @@ class RequestGuard:
         self._lean = lean or {}
         if any(not path.strip("/") for path in mounted):
             raise ValueError("an app mounted at / would leave every path without a key")
-        # Apps mounted beside ours (the demo downstream) check their own callers.
+        # Apps mounted beside ours (the demo downstream, the console) check their own callers.
         self._open_prefixes = (WEBHOOK_PREFIX, *(f"{path.rstrip('/')}/" for path in mounted))
+        self._open_paths = PUBLIC_PATHS | {path.rstrip("/") for path in mounted}
         self._keys = keys
         self._unauthenticated = NO_KEYS if no_keys else KEY_REQUIRED
         self._max_body_bytes = max_body_bytes
@@ -101,7 +103,7 @@ class RequestGuard:
             elif name == b"content-length":
                 declared = value
         path: str = scope["path"]
-        if path.startswith(self._open_prefixes) or path in PUBLIC_PATHS:
+        if path.startswith(self._open_prefixes) or path in self._open_paths:
             await self.app(scope, receive, send)
             return
         key = self._key(once.get(b"authorization"))

@@ -15,6 +15,7 @@ from app.store.schema import DEFAULT_TABLE
 from app.store.sqlstore import SqlUpdateStore, open_store
 from app.store.types import (
     Abandoned,
+    ActivitySlot,
     AttemptRecord,
     AuditEntry,
     BotControl,
@@ -45,6 +46,7 @@ from app.store.types import (
 __all__ = [
     "DEFAULT_TABLE",
     "Abandoned",
+    "ActivitySlot",
     "AttemptRecord",
     "AuditEntry",
     "BotControl",

@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store.types import (
+    ActivitySlot,
     AttemptRecord,
     AuditEntry,
     BotControl,
@@ -418,6 +419,14 @@ class OperatorStore(DurableUpdateStore, Protocol):
 
     async def audit_log(self, *, after: int | None = None, limit: int = 100) -> list[AuditEntry]:
         """Operator actions, newest first (`after`: the last id of the previous page)."""
+        ...
+
+    async def activity(
+        self, bots: Sequence[str], *, since: int, until: int, slot_ms: int
+    ) -> list[ActivitySlot]:
+        """Updates received, and delivered (completed), per bot in each slot of `slot_ms`
+        from `since` until `until`, every slot with its zeros, oldest first (each slot's bots
+        in name order). Delivered counts what is still retained."""
         ...
 
     # -- operational events (SPEC section 9): written by the transactions that make them ----

@@ -27,6 +27,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     tuple_,
@@ -339,6 +340,33 @@ def search_updates(
         .order_by(merged.c.received_at.desc(), merged.c.bot.desc(), merged.c.update_id.desc())
         .limit(limit)
     )
+
+
+def activity(t: Table, *, bots: Sequence[str], since: int, slot_ms: int) -> Any:
+    """Per bot and slot of `slot_ms` from `since`: rows received (a range of `ix_received`) and
+    rows completed (a range of `ix_state_due`: a terminal row's due_at is its settlement)."""
+    names = list(bots)
+    received = (
+        select(
+            t.c.bot,
+            ((t.c.received_at - since) // slot_ms).label("slot"),
+            func.count().label("received"),
+            literal(0).label("delivered"),
+        )
+        .where(t.c.bot.in_(names), t.c.received_at >= since)
+        .group_by(t.c.bot, literal_column("slot"))
+    )
+    delivered = (
+        select(
+            t.c.bot,
+            ((t.c.due_at - since) // slot_ms).label("slot"),
+            literal(0).label("received"),
+            func.count().label("delivered"),
+        )
+        .where(in_state(t.c.state, "completed"), t.c.due_at >= since, t.c.bot.in_(names))
+        .group_by(t.c.bot, literal_column("slot"))
+    )
+    return union_all(received, delivered)
 
 
 def _after(t: Table, bot: str, cursor: SearchCursor) -> ColumnElement[bool]:

@@ -148,6 +148,7 @@ class StoredUpdate:
     claim_id: str | None
     exhausted_at: int | None
     acknowledged_at: int | None
+    body: str | None = None  # the raw update: `get_update` reads it, a search leaves it out
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +313,17 @@ class BulkOutcome:
     matched: int
     changed: int
     sample: list[Exhaustion]
+
+
+@dataclass(frozen=True, slots=True)
+class ActivitySlot:
+    """One bot's traffic in one slot of time (`activity`): updates received, and updates
+    delivered (completed), from `start` (epoch ms) for the slot's length."""
+
+    bot: str
+    start: int
+    received: int
+    delivered: int
 
 
 # The operational events (SPEC section 9), as `operations_url` receives them.

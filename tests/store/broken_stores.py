@@ -15,6 +15,7 @@ from unittest import mock
 from sqlalchemy import Select, Table, false, select, update
 
 from app.store import (
+    ActivitySlot,
     BotControl,
     BulkOutcome,
     Claimed,
@@ -583,3 +584,17 @@ class WebhookErrorEveryCheck(SqlUpdateStore):
 CONTROLS[WebhookErrorEveryCheck] = (
     "one caller takes a due webhook check; a newer error writes webhook_error"
 )
+
+
+class ActivityByReceipt(SqlUpdateStore):
+    """Activity that counts a delivery in the slot its update was received in."""
+
+    async def activity(
+        self, bots: Sequence[str], *, since: int, until: int, slot_ms: int
+    ) -> list[ActivitySlot]:
+        table = self.table
+        with mock.patch.object(table.c, "due_at", table.c.received_at):
+            return await super().activity(bots, since=since, until=until, slot_ms=slot_ms)
+
+
+CONTROLS[ActivityByReceipt] = "activity counts received and completed rows per bot and slot"

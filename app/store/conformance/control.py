@@ -333,3 +333,29 @@ async def _redrive_at_the_bots_rate(store: OperatorStore, f: _Findings) -> None:
     other = await store.redrive(ExhaustionFilter(bots=(OTHER_BOT,)), at=1_000, by=OPERATOR)
     row = await store.get_update(OTHER_BOT, 4)
     f.equal((other.matched, row and row.due_at), (1, 1_000), "a bot without a limit")
+
+
+@_rule("activity counts received and completed rows per bot and slot", "durable")
+async def _activity(store: OperatorStore, f: _Findings) -> None:
+    for update_id, at in ((1, 1_000), (2, 1_500), (3, 61_000), (4, 200_000)):
+        await store.add(BOT, update_id, _body(update_id), at)
+    await store.add(OTHER_BOT, 9, _body(9), 59_999)
+    first = await store.claim_owned(BOT, 1, now=2_000, lease_until=90_000, max_attempts=MAX)
+    if first is None:
+        f.expect(False, "claim_owned of a fresh row took nothing")
+        return
+    await store.settle_owned(first, Completed(65_000))
+    slots = await store.activity([BOT, OTHER_BOT], since=0, until=180_000, slot_ms=60_000)
+    f.equal(
+        [(s.bot, s.start, s.received, s.delivered) for s in slots],
+        [
+            (BOT, 0, 2, 0),
+            (OTHER_BOT, 0, 1, 0),
+            (BOT, 60_000, 1, 1),
+            (OTHER_BOT, 60_000, 0, 0),
+            (BOT, 120_000, 0, 0),
+            (OTHER_BOT, 120_000, 0, 0),
+        ],
+        "slots of a minute over three minutes (a row after `until` left out)",
+    )
+    f.equal(await store.activity([], since=0, until=1, slot_ms=1), [], "no bots")

@@ -19,6 +19,7 @@ from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.sqlstore.core import check_identity
 from app.store.sqlstore.durable import DurableMethods, exhaustion_of
 from app.store.types import (
+    ActivitySlot,
     AttemptRecord,
     AuditEntry,
     BotControl,
@@ -36,6 +37,7 @@ SAMPLE = 10  # identities a bulk action's answer shows
 STATISTICS_AFTER = 1_000  # rows redriven that make the planner's statistics stale
 SEARCH_WINDOW = 1_000  # rows a body search reads per page, at most
 MAX_REASON = 500
+MAX_SLOTS = 10_000  # an activity query's slots (a day by the minute is 1,440)
 Selection = ExhaustionFilter | Sequence[ClaimIdentity]
 Progress = Callable[[int], None]
 Cursor = tuple[str, int] | None  # a bulk action's place: the last key it took
@@ -440,6 +442,34 @@ class ControlMethods(DurableMethods):
             for record in records
         ]
 
+    async def activity(
+        self, bots: Sequence[str], *, since: int, until: int, slot_ms: int
+    ) -> list[ActivitySlot]:
+        """Updates received and delivered per bot in each slot of `slot_ms` from `since` to
+        `until` (every slot, zeros included), oldest first."""
+        self._operator_tables("activity")
+        names = sorted({validate.bot_name(bot) for bot in bots})
+        since, until = validate.millis("since", since), validate.millis("until", until)
+        slot_ms = validate.positive("slot_ms", slot_ms)
+        slots = (until - since + slot_ms - 1) // slot_ms
+        if not names or slots <= 0:
+            return []
+        if slots > MAX_SLOTS:
+            raise ValueError(f"{slots} slots of {slot_ms} ms: at most {MAX_SLOTS}")
+        statement = control.activity(self.table, bots=names, since=since, slot_ms=slot_ms)
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+        counts = {(bot, slot): [0, 0] for bot in names for slot in range(slots)}
+        for row in rows:
+            found = counts.get((row.bot, int(row.slot)))
+            if found is not None:  # a row after `until` (a clock ahead) is left out
+                found[0] += int(row.received)
+                found[1] += int(row.delivered)
+        return [
+            ActivitySlot(bot, since + slot * slot_ms, received, delivered)
+            for (bot, slot), (received, delivered) in sorted(counts.items(), key=_slot_order)
+        ]
+
     async def audit_log(self, *, after: int | None = None, limit: int = 100) -> list[AuditEntry]:
         """Operator actions, newest first, a page at a time (`after`: the last id seen)."""
         _, audit, _ = self._operator_tables("audit_log")
@@ -463,6 +493,11 @@ class ControlMethods(DurableMethods):
             )
             for row in rows
         ]
+
+
+def _slot_order(item: tuple[tuple[str, int], list[int]]) -> tuple[int, str]:
+    (bot, slot), _ = item
+    return slot, bot
 
 
 def _control(row: Any) -> BotControl:
