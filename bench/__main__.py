@@ -1,7 +1,8 @@
 """Run the benchmarks: `python -m bench` (all) or `python -m bench store`.
 
-Each benchmark's module is imported when it runs: `store`, `claims`, `plans` and `search` need
-only the project's own dependencies, the others the `bench` extra (`pip install -e '.[bench]'`).
+Each benchmark's module is imported when it runs: `store`, `claims`, `plans`, `search` and
+`console` need only the project's own dependencies, the others the `bench` extra
+(`pip install -e '.[bench]'`).
 Under each report: the peak RSS of the benchmark's own process and of every child it ran.
 """
 
@@ -26,6 +27,7 @@ BENCHMARKS = (
     "pipeline",
     "reader",
     "search",
+    "console",
 )
 
 

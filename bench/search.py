@@ -62,10 +62,10 @@ def _state_of() -> str:
     )
 
 
-async def fill(store: SqlUpdateStore, count: int) -> None:
-    """`count` rows over the day, generated in the database."""
+async def fill(store: SqlUpdateStore, count: int, start: int = START) -> None:
+    """`count` rows over the day from `start`, generated in the database."""
     dialect = store.dialect
-    received = f"{START} + (n * {DAY_MS // count})"
+    received = f"{start} + (n * {DAY_MS // count})"
     state = _state_of()
     statement = text(
         f"INSERT INTO {store.table.name} (bot, update_id, body, update_type, queue_key, state, "

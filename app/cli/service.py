@@ -69,6 +69,7 @@ def _demo(settings: Settings, args: argparse.Namespace) -> tuple[Settings, ASGIA
         f'"text": "hello"}}}}\' {url}',
         f"demo: or   INTAKE_SECRET_TOKEN={secret} {_this_command()} send default "
         f"examples/update.json --url {base}",
+        f"demo: console  {base}/console  (sign in with this run's one-time key: {api_key})",
         f"demo: metrics  curl -s -H 'Authorization: Bearer {api_key}' {base}/metrics",
         flush=True,
         sep="\n",

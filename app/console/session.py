@@ -5,7 +5,8 @@ Signing in posts a key in a form (never in a URL). What the cookie carries is th
 (`ApiKey.label`: the audit log's name for it, never the key) and a random nonce, signed with
 itsdangerous and stamped with its time, so it expires after `console_session_seconds`; each
 request finds the key again by its name, and a key removed from the configuration ends its
-sessions. The cookie is HttpOnly, SameSite=Strict, and Secure when the request came over HTTPS.
+sessions. The cookie is HttpOnly, SameSite=Strict, and Secure when the request came over HTTPS
+(directly, or through a proxy of `trusted_proxies` that says so in X-Forwarded-Proto).
 Every form carries a CSRF token: the nonce signed under another salt, so it is valid for this
 session only.
 """
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.config import ApiKey, Settings
+from app.intake.sources import came_over_https
 
 COOKIE = "intake_console"
 PATH = "/console"
@@ -51,6 +53,7 @@ class Sessions:
         self._csrf = Signer(secret, salt="console-csrf")
         self._keys = {key.label: key for key in settings.api_keys}
         self._max_age = settings.console_session_seconds
+        self._proxies = settings.trusted_proxies
 
     def sign_in(self, response: Response, request: Request, key: ApiKey) -> None:
         """Start a session for `key` on `response`."""
@@ -60,7 +63,12 @@ class Sessions:
             value,
             max_age=self._max_age,
             path=PATH,
-            secure=request.url.scheme == "https",
+            secure=came_over_https(
+                request.url.scheme,
+                request.client.host if request.client else None,
+                request.headers.get("x-forwarded-proto"),
+                self._proxies,
+            ),
             httponly=True,
             samesite="strict",
         )

@@ -46,3 +46,16 @@ def client_address(
 def source_allowed(address: Address | None, allowed: Sequence[Network]) -> bool:
     """No allowlist admits every source; otherwise the address must be inside it."""
     return not allowed or (address is not None and _within(address, allowed))
+
+
+def came_over_https(
+    scheme: str, peer: str | None, forwarded_proto: str | None, trusted_proxies: Sequence[Network]
+) -> bool:
+    """Whether the client's request came over HTTPS: to this server, or to a trusted proxy
+    that says so in `X-Forwarded-Proto` (the last hop's word; others' are never read)."""
+    if scheme == "https":
+        return True
+    address = _address(peer)
+    if address is None or not forwarded_proto or not _within(address, trusted_proxies):
+        return False
+    return forwarded_proto.split(",")[-1].strip().lower() == "https"

@@ -266,6 +266,15 @@ def test_the_demo_s_send_line_delivers_the_sample_update_and_the_log_shows_its_j
         assert "100000001" in line["message"], line
         journey.append(line["message"])
     assert journey[-1].endswith("settled: completed")
+    console = re.search(r"demo: console\s+(\S+/console)\s+\(sign in with .*key: (\S+)\)",
+                        process.stdout.readline())  # fmt: skip
+    assert console is not None
+    with httpx.Client(base_url=console.group(1).removesuffix("/console")) as browser:
+        signed = browser.post("/console/sign-in", data={"key": console.group(2)})
+        assert signed.status_code == 303
+        overview = browser.get("/console")
+    assert overview.status_code == 200
+    assert 'id="bot-default"' in overview.text
     scrape = re.search(r"demo: metrics\s+curl -s -H '(Authorization: Bearer \S+)' (\S+)",
                        process.stdout.readline())  # fmt: skip
     assert scrape is not None

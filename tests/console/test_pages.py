@@ -16,7 +16,9 @@ from tests.api.conftest import (
     SHOP_KEY,
     VIEWER_KEY,
     now_ms,
+    serving,
 )
+from tests.conftest import Storage
 from tests.console.conftest import Console
 
 PAGES = ("/console", "/console/bots", "/console/updates", "/console/exhaustions", "/console/audit")
@@ -321,3 +323,23 @@ async def test_a_key_limited_to_a_bot_sees_only_that_bot(console: Console) -> No
     assert (await console.act("/console/bots/news/pause")).status_code == 404
     listed = await console.get("/console/exhaustions")
     assert "<strong>0</strong> open exhaustions match" in listed.text
+
+
+async def test_the_cookie_is_secure_behind_a_trusted_proxy_that_says_https(
+    sqlite_storage: Storage,
+) -> None:
+    said = {"x-forwarded-proto": "https"}
+    async with (
+        serving(sqlite_storage.url(), trusted_proxies="127.0.0.1/32") as api,
+        httpx.AsyncClient(base_url=api.base) as client,
+    ):
+        behind = await client.post("/console/sign-in", data={"key": KEY}, headers=said)
+        plain = await client.post("/console/sign-in", data={"key": KEY})
+    assert "Secure" in behind.headers["set-cookie"]
+    assert "Secure" not in plain.headers["set-cookie"]
+    async with (  # no trusted proxy: the header is not read
+        serving(sqlite_storage.url()) as api,
+        httpx.AsyncClient(base_url=api.base) as client,
+    ):
+        untrusted = await client.post("/console/sign-in", data={"key": KEY}, headers=said)
+    assert "Secure" not in untrusted.headers["set-cookie"]
