@@ -82,3 +82,8 @@ def test_an_installed_wheel_migrates_without_the_checkout(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     assert f"database at revision {HEAD}" in done.stdout
     assert current_revision(url) == HEAD
+    # The console's pages and files came with it: every template and static file of the
+    # checkout is in the installed package.
+    for kind in ("templates", "static"):
+        shipped = {f.name for f in (target / "app" / "console" / kind).iterdir()}
+        assert shipped == {f.name for f in (ROOT / "app" / "console" / kind).iterdir()}, kind

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.responses import Response
 
 from app.config import Settings
 from app.console.pages import router
@@ -36,7 +38,16 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.console_sessions = Sessions(settings)
     app.state.console_keys = Keys(settings.api_keys)
     app.include_router(router)
-    app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="console-static")
+    app.mount(f"{PREFIX}/static", _Static(directory=HERE / "static"), name="console-static")
+
+
+class _Static(StaticFiles):
+    """The stylesheet and the script, never sniffed into another type."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["x-content-type-options"] = "nosniff"
+        return response
 
 
 def iso(ms: int) -> str:

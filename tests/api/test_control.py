@@ -384,7 +384,9 @@ async def test_search_items_are_the_rows_summaries(api: Api) -> None:
     response = await api.get("/v1/updates", bot="shop", state="abandoned")
     (item,) = response.json()["items"]
     row = await api.row("shop", 3)
-    assert item == dataclasses.asdict(row)
+    assert item == {
+        name: value for name, value in dataclasses.asdict(row).items() if name != "body"
+    }
     assert item["error"] == "HTTP 400: refund refused"
     assert (item["update_type"], item["queue_key"]) == ("message", "77")
     assert "body" not in item  # a summary: the raw update is the exhaustion listing's

@@ -187,7 +187,9 @@ async def test_an_updates_fields_are_its_rows(api: Api) -> None:
         response = await api.get(f"/v1/updates/{bot}/{update_id}")
         assert response.status_code == 200, (bot, update_id)
         row = await api.row(bot, update_id)
-        assert response.json() == dataclasses.asdict(row), (bot, update_id)
+        fields = dataclasses.asdict(row)
+        fields.pop("body")  # the view of a row leaves the raw update out
+        assert response.json() == fields, (bot, update_id)
     # What each state shows, beyond copying the row.
     view = (await api.get("/v1/updates/shop/1")).json()
     assert (view["state"], view["attempts"], view["claim_id"]) == ("pending", 0, None)

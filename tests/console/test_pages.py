@@ -98,6 +98,14 @@ async def test_every_page_carries_the_security_headers(console: Console) -> None
         assert " style=" not in answer.text, path
 
 
+async def test_the_stylesheet_and_script_are_served_as_what_they_are(console: Console) -> None:
+    for name, kind in (("console.css", "text/css"), ("console.js", "text/javascript")):
+        answer = await console.get(f"/console/static/{name}")
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith(kind), name
+        assert answer.headers["x-content-type-options"] == "nosniff"
+
+
 async def test_a_viewer_finds_no_action_and_a_hand_made_post_is_refused(console: Console) -> None:
     await console.api.exhaustion("shop", 1)
     await console.api.claim("shop", 2)
