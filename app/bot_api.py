@@ -18,11 +18,13 @@ TIMEOUT_SECONDS = 30.0
 
 
 class BotApiError(Exception):
-    """Telegram refused a call (`code`: its error_code), or could not be reached (None)."""
+    """Telegram refused a call (`code`: its error_code; `retry_after`: the seconds a 429 asks
+    to wait), or could not be reached (`code` None)."""
 
-    def __init__(self, message: str, code: int | None = None) -> None:
+    def __init__(self, message: str, code: int | None = None, retry_after: float | None = None):
         super().__init__(message)
         self.code = code
+        self.retry_after = retry_after
 
 
 def _request(settings: Settings, bot: BotSettings, method: str, params: dict[str, Any]) -> Any:
@@ -53,7 +55,10 @@ def _result(method: str, response: httpx.Response) -> Any:
         code = answer.get("error_code", response.status_code) if isinstance(answer, dict) else ""
         words = answer.get("description", "no description") if isinstance(answer, dict) else ""
         number = code if isinstance(code, int) else response.status_code
-        raise BotApiError(f"{method}: Telegram refused: {code} {words}", number)
+        parameters = answer.get("parameters") if isinstance(answer, dict) else None
+        wait = parameters.get("retry_after") if isinstance(parameters, dict) else None
+        retry_after = float(wait) if isinstance(wait, int | float) and wait >= 0 else None
+        raise BotApiError(f"{method}: Telegram refused: {code} {words}", number, retry_after)
     return answer.get("result")
 
 
@@ -70,12 +75,20 @@ def call(settings: Settings, bot: BotSettings, method: str, **params: Any) -> An
 
 
 async def call_async(
-    client: httpx.AsyncClient, settings: Settings, bot: BotSettings, method: str, **params: Any
+    client: httpx.AsyncClient,
+    settings: Settings,
+    bot: BotSettings,
+    method: str,
+    *,
+    wait: float | None = None,
+    **params: Any,
 ) -> Any:
-    """One Bot API method through `client` (the service's); its `result`."""
+    """One Bot API method through `client` (the service's); its `result`. `wait`: how long
+    the answer may take (a long poll's timeout and a margin), else the client's own."""
     url, payload = _request(settings, bot, method, params)
+    timeout = httpx.USE_CLIENT_DEFAULT if wait is None else httpx.Timeout(10.0, read=wait)
     try:
-        response = await client.post(url, json=payload)
+        response = await client.post(url, json=payload, timeout=timeout)
     except httpx.HTTPError as error:
         raise _unreachable(settings, method, error) from None
     return _result(method, response)

@@ -96,6 +96,12 @@ class BotOptions(BaseModel):
     allowed_updates: tuple[str, ...] | None = None
     max_connections: int | None = Field(None, ge=1, le=100)
     breaker_cooldown_seconds: float = Field(30, gt=0, le=86_400)
+    # Where updates come from (SPEC section 11): Telegram's webhook, or getUpdates long polling
+    # by one process of the cluster (needs bot_token), each batch recorded before it is
+    # confirmed; the long poll's timeout and batch size are getUpdates' own.
+    source: Literal["webhook", "polling"] = "webhook"
+    poll_timeout_seconds: int = Field(25, ge=0, le=50)
+    poll_limit: int = Field(100, ge=1, le=100)
 
     @field_validator("downstream_secret_token")
     @classmethod
@@ -114,6 +120,12 @@ class BotOptions(BaseModel):
             if seconds < 0:
                 raise ValueError(f"{update_type}: {seconds} is negative (0 turns it off)")
         return {**DEFAULT_DEADLINES, **value}
+
+    @model_validator(mode="after")
+    def _polling_has_a_token(self) -> BotOptions:
+        if self.source == "polling" and self.bot_token is None:
+            raise ValueError("source: polling calls getUpdates with the bot's bot_token; set it")
+        return self
 
     @model_validator(mode="after")
     def _plain_has_no_chat_order(self) -> BotOptions:

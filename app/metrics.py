@@ -91,6 +91,9 @@ RenewalResult = Literal["renewed", "refused", "failed"]
 LostReason = Literal["renewal_refused", "lease_ran_out", "settle_refused", "exhaust_refused"]
 DeliveryResult = Literal["delivered", "failed"]
 WebhookCheck = Literal["checked", "failed"]  # a getWebhookInfo call answered, or not
+# A getUpdates call's result (app.intake.polling): answered, 409 (a webhook is set, or another
+# poller runs elsewhere), 429, 401 (the token is refused: polling stops), anything else.
+PollResult = Literal["ok", "conflict", "rate_limited", "unauthorized", "failed"]
 # Why the server closed a client connection (app.http.server), and what the request guard
 # refused before any route ran (app.http.guard).
 CloseReason = Literal["header_timeout", "body_timeout", "keep_alive", "header_too_large", "evicted"]
@@ -128,6 +131,15 @@ class IntakeMeters:
     def answered(self, result: IntakeResult, seconds: float) -> None:
         self.requests[result].inc()
         self.duration.observe(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class PollMeters:
+    """One bot's long-polling counters, bound to its labels."""
+
+    requests: Mapping[PollResult, Counter]
+    updates: Counter
+    offset: Gauge
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +236,24 @@ class Metrics:
             ["bot", "result"],
             registry=registry,
         )
+        self._polls = Counter(
+            PREFIX + "poll_requests",
+            "getUpdates calls of this process's long poller, by result.",
+            ["bot", "result"],
+            registry=registry,
+        )
+        self._polled = Counter(
+            PREFIX + "polled_updates",
+            "Updates fetched by getUpdates (each batch recorded before it is confirmed).",
+            ["bot"],
+            registry=registry,
+        )
+        self._poll_offset = Gauge(
+            PREFIX + "poll_offset",
+            "The offset this process's poller asks getUpdates for: what it confirmed.",
+            ["bot"],
+            registry=registry,
+        )
         self._closed = _by_reason(
             registry,
             "connections_closed",
@@ -252,6 +282,14 @@ class Metrics:
             _bound(self._requests, bot, get_args(IntakeResult)),
             self._request_duration.labels(bot),
             self._commit_wait.labels(bot),
+        )
+
+    def polling(self, bot: str) -> PollMeters:
+        """The long poller's counters of `bot`."""
+        return PollMeters(
+            requests=_bound(self._polls, bot, get_args(PollResult)),
+            updates=self._polled.labels(bot),
+            offset=self._poll_offset.labels(bot),
         )
 
     def operational_event(self, kind: EventType, result: DeliveryResult) -> None:

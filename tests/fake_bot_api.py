@@ -1,16 +1,24 @@
 """A fake of Telegram's Bot API on an ephemeral port, as far as the service calls it (written from
-the Bot API documentation): setWebhook and getWebhookInfo keep the webhook Telegram would keep,
-and every call is recorded. A token other than TOKEN is refused with 401, as Telegram does."""
+the Bot API documentation): setWebhook, deleteWebhook and getWebhookInfo keep the webhook
+Telegram would keep, and every call is recorded. A token other than TOKEN is refused with 401,
+as Telegram does.
+
+getUpdates as Telegram answers it: the updates with `update_id >= offset`, those below the
+offset forgotten for good (an offset confirms them), at most `limit`; with nothing to give it
+holds the request up to `timeout` seconds. It answers 409 while a webhook is set, and a newer
+getUpdates ends one still open with 409 (`terminated by other getUpdates request`). `faults`
+makes the next calls answer an error (429 with `retry_after`, 500) or drop the connection."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 TOKEN = "123456:AAH-secret-bot-token"
@@ -23,7 +31,16 @@ class FakeBotApi:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.webhook: dict[str, Any] = {"url": "", "pending_update_count": 0}
+        self.pending: list[dict[str, Any]] = []  # produced, not yet confirmed by an offset
+        self.faults: list[tuple[int, float | None]] = []  # (status, retry_after); 0: a drop
+        self.conflicts = 0  # getUpdates answered 409
+        self._polls = 0  # getUpdates calls so far: the newest one is the live one
         self._lock = threading.Lock()
+
+    def produce(self, *updates: dict[str, Any]) -> None:
+        """Updates Telegram has for the bot, in order."""
+        with self._lock:
+            self.pending.extend(updates)
 
     def set_webhook_state(self, **fields: Any) -> None:
         """What getWebhookInfo answers from now on (its fields changed)."""
@@ -56,10 +73,58 @@ class FakeBotApi:
                     }
                     return JSONResponse({"ok": True, "result": True})
                 if name == "getWebhookInfo":
-                    return JSONResponse({"ok": True, "result": self.webhook})
+                    held = self.webhook.get("pending_update_count", 0) + len(self.pending)
+                    info = {**self.webhook, "pending_update_count": held}
+                    return JSONResponse({"ok": True, "result": info})
+                if name == "deleteWebhook":
+                    self.webhook = {"url": "", "pending_update_count": 0}
+                    if params.get("drop_pending_updates"):
+                        self.pending.clear()
+                    return JSONResponse({"ok": True, "result": True})
+            if name == "getUpdates":
+                return await self._get_updates(params)
             return JSONResponse(
                 {"ok": False, "error_code": 404, "description": "Not Found: method not found"},
                 404,
             )
 
         return Starlette(routes=[Route("/bot{token}/{method}", method, methods=["POST"])])
+
+    async def _get_updates(self, params: dict[str, Any]) -> Response:
+        with self._lock:
+            if self.faults:
+                status, retry_after = self.faults.pop(0)
+                if status == 0:
+                    raise ConnectionResetError("a dropped connection")
+                body: dict[str, Any] = {"ok": False, "error_code": status, "description": "fault"}
+                if retry_after is not None:
+                    body["parameters"] = {"retry_after": retry_after}
+                return JSONResponse(body, status)
+            if self.webhook.get("url"):
+                self.conflicts += 1
+                return _conflict(
+                    "can't use getUpdates method while webhook is active; "
+                    "use deleteWebhook to delete the webhook first"
+                )
+            self._polls += 1
+            mine = self._polls
+        offset = params.get("offset")
+        deadline = time.monotonic() + float(params.get("timeout") or 0)
+        while True:
+            with self._lock:
+                if mine != self._polls:  # a newer getUpdates ended this one
+                    self.conflicts += 1
+                    return _conflict(
+                        "terminated by other getUpdates request; make sure that "
+                        "only one bot instance is running"
+                    )
+                if offset is not None:
+                    self.pending = [u for u in self.pending if u["update_id"] >= offset]
+                batch = self.pending[: int(params.get("limit") or 100)]
+            if batch or time.monotonic() >= deadline:
+                return JSONResponse({"ok": True, "result": batch})
+            await asyncio.sleep(0.02)
+
+
+def _conflict(words: str) -> JSONResponse:
+    return JSONResponse({"ok": False, "error_code": 409, "description": f"Conflict: {words}"}, 409)

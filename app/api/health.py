@@ -44,6 +44,10 @@ async def readyz(request: Request) -> JSONResponse:
     except (StoreError, OSError) as error:
         problem = f"database unreachable ({type(error).__name__})"
         return JSONResponse({"status": "unavailable", "error": problem}, 503)
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    stopped = [] if dispatcher is None else dispatcher.stopped_sources()
+    if stopped:  # a bot whose poller cannot run (Telegram refuses its token)
+        return JSONResponse({"status": "unavailable", "error": "; ".join(stopped)}, 503)
     return JSONResponse({"status": "ready", "capability": store.capability})
 
 

@@ -1,5 +1,5 @@
-"""Commands that talk to the Bot API (`app.bot_api`): set-webhook, webhook-info. The bot token
-is never printed."""
+"""Commands that talk to the Bot API (`app.bot_api`): set-webhook, delete-webhook, webhook-info.
+The bot token is never printed."""
 
 from __future__ import annotations
 
@@ -105,8 +105,32 @@ def _webhook_info(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _delete_webhook(settings: Settings, args: argparse.Namespace) -> int:
+    bot = _bot(settings, args.bot)
+    if bot is None:
+        return 2
+    try:
+        call(
+            settings,
+            bot,
+            "deleteWebhook",
+            drop_pending_updates=True if args.drop_pending_updates else None,
+        )
+        info = call(settings, bot, "getWebhookInfo")
+    except BotApiError as error:
+        print(error, file=sys.stderr)
+        return 1
+    if info.get("url"):
+        print(
+            f"deleteWebhook answered ok, but getWebhookInfo shows {info['url']!r}", file=sys.stderr
+        )
+        return 1
+    print(describe_webhook(bot.name, info))
+    return 0
+
+
 def add_commands(commands: Commands) -> None:
-    """set-webhook, webhook-info."""
+    """set-webhook, delete-webhook, webhook-info."""
     command = commands.add_parser(
         "set-webhook",
         help="point Telegram at this service: setWebhook with the bot's secret token, then "
@@ -126,6 +150,19 @@ def add_commands(commands: Commands) -> None:
         "--drop-pending-updates", action="store_true", help="discard what Telegram holds"
     )
     command.set_defaults(handler=_set_webhook)
+    command = commands.add_parser(
+        "delete-webhook",
+        help="stop Telegram's webhook, so that the bot's updates can be polled (getUpdates)",
+        description="Call deleteWebhook, then show getWebhookInfo. Updates Telegram holds stay "
+        "for getUpdates unless --drop-pending-updates. Switch a bot to polling with this, then "
+        'source = "polling"; back with set-webhook. '
+        "Example: telegram-intake delete-webhook shop",
+    )
+    command.add_argument("bot", help="a configured bot's name")
+    command.add_argument(
+        "--drop-pending-updates", action="store_true", help="discard what Telegram holds"
+    )
+    command.set_defaults(handler=_delete_webhook)
     command = commands.add_parser(
         "webhook-info",
         help="show what Telegram knows of the bot's webhook: URL, pending updates, last error",

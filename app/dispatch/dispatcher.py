@@ -38,6 +38,7 @@ from app.dispatch.liveness import Liveness
 from app.dispatch.maintenance import ExhaustionDelivery, keep_table_forever, prune_forever
 from app.dispatch.runner import AttemptRunner
 from app.dispatch.settler import Settler
+from app.intake.polling import Poller
 from app.metrics import Metrics
 from app.store import OperatorStore, StoreError
 
@@ -89,6 +90,7 @@ class Dispatcher:
             stall_seconds=settings.worker_stall_seconds, monotonic_ns=monotonic_ns
         )
         self._stopping = False
+        self._pollers: list[Poller] = []
         exhaustion_targets = {
             lane.name: lane.downstream
             for lane in self._lanes
@@ -153,6 +155,8 @@ class Dispatcher:
     async def start(self) -> None:
         for lane in self._lanes:
             self._store.require(lane.bot.capability, lane.bot.needs)
+            if lane.bot.source == "polling":  # its lease and offset are revision 0004's
+                self._store.require("durable", f"bot {lane.name!r} polling getUpdates")
         await self._clock.sync()
         await self._settler.start()
         settings = self._settings
@@ -179,12 +183,34 @@ class Dispatcher:
         if self._exhaustions is not None:
             background["exhaustion delivery"] = self._exhaustions.run()
         background.update(self._operations())
+        background.update(self._sources())
         self._background = {
             name: asyncio.create_task(job, name=name) for name, job in background.items()
         }
         self._claim_loop = asyncio.create_task(self._claims.run(), name="claim loop")
         for task in [*self._background.values(), self._claim_loop]:
             task.add_done_callback(_report_exit)
+
+    def _sources(self) -> dict[str, Coroutine[Any, Any, None]]:
+        """A long poller for each bot whose updates come by getUpdates (`app.intake.polling`):
+        in every process, each polling only while it holds the bot's lease."""
+        self._pollers = [
+            Poller(
+                self._store,
+                self._clock,
+                self._settings,
+                lane.bot,
+                self._metrics,
+                on_added=self.wake,
+            )
+            for lane in self._lanes
+            if lane.bot.source == "polling"
+        ]
+        return {f"poller {poller.bot.name}": poller.run() for poller in self._pollers}
+
+    def stopped_sources(self) -> list[str]:
+        """Why a bot's updates cannot come in (a poller whose token Telegram refuses)."""
+        return [poller.stopped for poller in self._pollers if poller.stopped is not None]
 
     def _operations(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The loops of operational events (`app.dispatch.events`) these settings ask for."""

@@ -471,3 +471,23 @@ class OperatorStore(DurableUpdateStore, Protocol):
         """Keep what a getWebhookInfo check saw (`bot_controls` shows it); a last error
         newer than the one kept writes telegram.webhook_error (True)."""
         ...
+
+    # -- long polling (SPEC section 11) -----------------------------------------------------
+
+    async def take_poller(self, bot: str, *, holder: str, now: int, lease_until: int) -> int | None:
+        """Take or renew the lease of `bot`'s one getUpdates poller across every process until
+        `lease_until`: the offset to ask for (0: none yet) to the holder, None to any other
+        caller while the lease holds."""
+        ...
+
+    async def record_polled(
+        self, bot: str, rows: Sequence[NewUpdate], *, holder: str, now: int, offset: int
+    ) -> set[tuple[str, int]] | None:
+        """Record a polled batch (as `add_many`) and move the bot's offset to `offset`, in one
+        transaction, only while `holder` holds the lease: the new keys, or None (nothing
+        written) when the lease was lost."""
+        ...
+
+    async def release_poller(self, bot: str, *, holder: str) -> bool:
+        """Give up the poller's lease, so another process takes over at once."""
+        ...

@@ -226,6 +226,11 @@ def _add_operator_tables(metadata: MetaData, table: str) -> None:
         Column("webhook_error_message", Text, nullable=True),
         Column("webhook_pending", BigInteger, nullable=True),
         Column("webhook_checked_at", BigInteger, nullable=True),
+        # Long polling (SPEC section 11): the one process polling getUpdates for the bot, its
+        # lease, and the offset that confirms what it recorded (the next getUpdates asks it).
+        Column("poller", Text, nullable=True),
+        Column("poller_until", BigInteger, nullable=True),
+        Column("poll_offset", BigInteger, nullable=True),
         PrimaryKeyConstraint("bot", name=f"pk_{bots}"),
         CheckConstraint("rate_per_second > 0", name=f"ck_{bots}_rate"),
     )

@@ -598,3 +598,18 @@ class ActivityByReceipt(SqlUpdateStore):
 
 
 CONTROLS[ActivityByReceipt] = "activity counts received and completed rows per bot and slot"
+
+
+class PolledWithoutTheLease(SqlUpdateStore):
+    """A poller that records its batch and moves the offset whoever holds the lease."""
+
+    async def record_polled(
+        self, bot: str, rows: Sequence[NewUpdate], *, holder: str, now: int, offset: int
+    ) -> set[tuple[str, int]] | None:
+        added = await self.add_many(rows)
+        return added
+
+
+CONTROLS[PolledWithoutTheLease] = (
+    "one poller holds a bot's lease; a batch and its offset commit only under it"
+)

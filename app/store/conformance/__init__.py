@@ -18,6 +18,7 @@ from app.store.conformance import (  # noqa: F401 (they register)
     control,
     events,
     exhaustions,
+    polling,
     records,
     settles,
 )
@@ -32,7 +33,8 @@ MakeStore = Callable[[], Awaitable[UpdateStore]]
 # (add, add_many, due, prune), `claims` (claim, renew, claim_owned, claim_next_owned), `settles`
 # (settle, settle_owned, settle_many_owned, owns), `exhaustions` (the durable level),
 # `control` (operator control, the durable level from revision 0004) and `events` (its
-# operational events: the durable rules need a store opened with events=True). They
+# operational events: the durable rules need a store opened with events=True) and `polling`
+# (the long poller's lease and its offset). They
 # run level by level, each level's families in the order imported above.
 _RULES = sorted(
     ((name, level, rule) for rule, (name, level) in _REGISTERED.items()),

@@ -16,12 +16,12 @@ from app.store import validate
 from app.store.engine import create_store_engine
 from app.store.schema import DEFAULT_TABLE
 from app.store.sqlstore.core import read_capability, read_revision
-from app.store.sqlstore.events import EventMethods
+from app.store.sqlstore.polling import PollingMethods
 
 __all__ = ["SqlUpdateStore", "open_store", "read_capability"]
 
 
-class SqlUpdateStore(EventMethods):
+class SqlUpdateStore(PollingMethods):
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema."""
 
 

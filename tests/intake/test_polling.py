@@ -1,0 +1,189 @@
+"""Long polling (SPEC section 11) against a fake Bot API (tests/fake_bot_api.py), with real
+processes: getUpdates to the downstream on both backends, each batch recorded before the next
+offset confirms it; Telegram's 409, 429, 5xx and 401 as the poller meets them; the switch
+from a webhook to polling by `delete-webhook`; and two worker processes configured to poll one
+bot, one poller at a time, no 409 storm."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Storage, serve_asgi
+from tests.downstream import FakeDownstream, Received, eventually
+from tests.fake_bot_api import TOKEN, FakeBotApi
+from tests.processes import Process, environment, free_port, processes
+
+pytestmark = pytest.mark.slow  # real processes long polling
+
+KEY = "polling-operator.key-0123456789"
+
+
+def updates(first: int, count: int, chats: int) -> list[dict[str, Any]]:
+    """Telegram's messages, update_id from `first`, over `chats` chats in turn."""
+    return [
+        {
+            "update_id": n,
+            "message": {
+                "message_id": n,
+                "date": 0,
+                "chat": {"id": 500 + n % chats, "type": "private"},
+                "text": f"polled {n}",
+            },
+        }
+        for n in range(first, first + count)
+    ]
+
+
+def polling_env(
+    url: str, downstream: FakeDownstream, bot_api: str, **options: object
+) -> dict[str, str]:
+    return environment(
+        url,
+        f"{downstream.url}/hook",
+        source="polling",
+        bot_token=TOKEN,
+        bot_api_url=bot_api,
+        poll_timeout_seconds=1,
+        log_format="json",
+        **options,
+    )
+
+
+def assert_each_once_in_chat_order(received: list[Received], expected: list[int]) -> None:
+    delivered = [r.update_id for r in received]
+    assert sorted(set(delivered)) == expected
+    assert len(delivered) == len(expected), "an update was delivered twice"
+    chats: dict[int, list[int]] = {}
+    for arrival in received:
+        chat = json.loads(arrival.body)["message"]["chat"]["id"]
+        chats.setdefault(chat, []).append(arrival.update_id)
+    for chat, order in chats.items():
+        assert order == sorted(order), f"chat {chat} out of order: {order}"
+
+
+async def test_polled_updates_reach_the_downstream_each_once_in_chat_order(
+    storage: Storage, downstream: FakeDownstream, tmp_path: Path
+) -> None:
+    fake = FakeBotApi()
+    fake.produce(*updates(1, 300, chats=10))
+    port = free_port()
+    async with serve_asgi(fake.app()) as bot_api:
+        env = polling_env(storage.url(), downstream, bot_api, port=port, api_keys=KEY)
+        with processes(tmp_path) as start:
+            run = start("run", env, "run")
+            await eventually(lambda: len(downstream.received) >= 300, within=60)
+            fake.produce(*updates(301, 20, chats=10))  # arriving while it polls
+            await eventually(lambda: len(downstream.received) >= 320, within=30)
+            await eventually(lambda: fake.pending == [], within=10)  # every batch confirmed
+            async with httpx.AsyncClient() as client:
+                ready = await client.get(f"http://127.0.0.1:{port}/readyz")
+                metrics = await client.get(
+                    f"http://127.0.0.1:{port}/metrics", headers={"authorization": f"Bearer {KEY}"}
+                )
+        logs = run.stdout + run.stderr
+    assert_each_once_in_chat_order(downstream.received, list(range(1, 321)))
+    assert ready.status_code == 200
+    assert 'telegram_intake_polled_updates_total{bot="default"} 320.0' in metrics.text
+    assert 'telegram_intake_poll_offset{bot="default"} 321.0' in metrics.text
+    assert fake.conflicts == 0
+    assert TOKEN not in logs
+    assert TOKEN.split(":")[1] not in metrics.text
+
+
+async def test_telegram_s_refusals_are_met_as_its_documentation_says(
+    sqlite_storage: Storage, downstream: FakeDownstream, tmp_path: Path
+) -> None:
+    """409 while a webhook is set (named in the log and the metric), then `delete-webhook`
+    lets polling go on; 429 waits its retry_after; a 500 and a dropped connection back off;
+    nothing is lost or doubled through any of it."""
+    fake = FakeBotApi()
+    fake.set_webhook_state(url="https://intake.example.com/telegram/default")
+    fake.produce(*updates(1, 30, chats=3))
+    port = free_port()
+    async with serve_asgi(fake.app()) as bot_api:
+        env = polling_env(sqlite_storage.url(), downstream, bot_api, port=port, api_keys=KEY)
+        with processes(tmp_path) as start:
+            run = start("run", env, "run")
+            await eventually(lambda: "409 Conflict: a webhook is set" in run.stderr, within=30)
+            assert downstream.received == []
+            deleted = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "app.cli", "delete-webhook", "default"],
+                env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert deleted.returncode == 0, deleted.stderr
+            assert "no webhook set (getUpdates mode)" in deleted.stdout
+            await eventually(lambda: len(downstream.received) >= 30, within=30)
+            fake.faults = [(429, 1.0), (500, None), (0, None)]
+            fake.produce(*updates(31, 10, chats=3))
+            await eventually(lambda: len(downstream.received) >= 40, within=30)
+            async with httpx.AsyncClient() as client:
+                metrics = await client.get(
+                    f"http://127.0.0.1:{port}/metrics", headers={"authorization": f"Bearer {KEY}"}
+                )
+        logs = run.stdout + run.stderr
+    assert_each_once_in_chat_order(downstream.received, list(range(1, 41)))
+    text = metrics.text
+    assert 'telegram_intake_poll_requests_total{bot="default",result="conflict"}' in text
+    assert 'result="conflict"} 0.0' not in text
+    assert 'telegram_intake_poll_requests_total{bot="default",result="rate_limited"} 1.0' in text
+    assert "getUpdates rate-limited; waiting 1 s" in logs
+    assert TOKEN not in logs
+
+
+async def test_a_token_telegram_refuses_stops_that_bot_s_poller_and_readyz_says_so(
+    sqlite_storage: Storage, downstream: FakeDownstream, tmp_path: Path
+) -> None:
+    fake = FakeBotApi()
+    port = free_port()
+    async with serve_asgi(fake.app()) as bot_api:
+        env = polling_env(sqlite_storage.url(), downstream, bot_api, port=port)
+        env["INTAKE_BOT_TOKEN"] = "999:revoked-token-of-the-bot"
+        with processes(tmp_path) as start:
+            run = start("run", env, "run")
+            base = f"http://127.0.0.1:{port}"
+
+            async def unready() -> httpx.Response | None:
+                async with httpx.AsyncClient() as client:
+                    try:
+                        answer = await client.get(f"{base}/readyz")
+                    except httpx.TransportError:
+                        return None
+                return answer if answer.status_code == 503 else None
+
+            answer = await eventually(unready, within=30)
+            async with httpx.AsyncClient() as client:
+                healthy = await client.get(f"{base}/healthz")
+        logs = run.stdout + run.stderr
+    assert "Telegram refuses bot 'default'" in answer.json()["error"]
+    assert healthy.status_code == 200  # not a dead loop: restarting would not help
+    assert "polling stopped: Telegram refuses its token" in logs
+    assert "revoked-token" not in logs
+    assert "revoked-token" not in answer.text
+
+
+async def test_two_processes_polling_one_bot_take_turns_without_a_409_storm(
+    postgres_storage: Storage, downstream: FakeDownstream, tmp_path: Path
+) -> None:
+    fake = FakeBotApi()
+    fake.produce(*updates(1, 200, chats=8))
+    async with serve_asgi(fake.app()) as bot_api:
+        env = polling_env(postgres_storage.url(), downstream, bot_api)
+        with processes(tmp_path) as start:
+            first: Process = start("worker-1", env, "worker")
+            second: Process = start("worker-2", env, "worker")
+            await eventually(lambda: len(downstream.received) >= 200, within=60)
+            first.kill()  # the poller may have been either: the other takes over
+            fake.produce(*updates(201, 40, chats=8))
+            await eventually(lambda: len(downstream.received) >= 240, within=60)
+            assert second.poll() is None
+    assert_each_once_in_chat_order(downstream.received, list(range(1, 241)))
+    assert fake.conflicts <= 1  # at most the killed poller's open request, ended by the next
