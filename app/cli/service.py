@@ -17,7 +17,7 @@ import uvicorn
 from pydantic import SecretStr
 from starlette.types import ASGIApp
 
-from app.config import ApiKey, BotSettings, Settings
+from app.config import ApiKey, BotOptions, BotSettings, Settings
 from app.demo import demo_downstream
 from app.http.server import ConnectionLimits, server_config
 from app.store import StoreError, migrate
@@ -56,6 +56,7 @@ def _demo(settings: Settings, args: argparse.Namespace) -> tuple[Settings, ASGIA
         secret_token=SecretStr(secret),
         downstream_url=f"{base}{DEMO_PATH}/",
         signing_secret=SecretStr(signing_secret),
+        bot_token=settings.bot_token,  # for `run --demo --poll`
     )
     downstream = demo_downstream(
         intake_url=base, api_key=api_key, signing_secret=signing_secret, secret_token=None
@@ -78,6 +79,28 @@ def _demo(settings: Settings, args: argparse.Namespace) -> tuple[Settings, ASGIA
     logging.getLogger("app").setLevel(logging.DEBUG)
     keys = (ApiKey(key=SecretStr(api_key), bots=("default",)),)
     return settings.model_copy(update={"bots": (bot,), "api_keys": keys}), downstream
+
+
+def _polling(settings: Settings) -> Settings | str:
+    """`run --poll`: the bots with a token take their updates by getUpdates (SPEC section 11);
+    with none configured, bot `default` from INTAKE_BOT_TOKEN, its webhook secret generated
+    (no webhook is used). A problem's words instead when no bot has a token."""
+    bots = settings.bots
+    if not bots and settings.bot_token is not None:
+        options = {
+            name: getattr(settings, name)
+            for name in BotOptions.model_fields
+            if name in settings.model_fields_set
+        }
+        secret = SecretStr(secrets.token_urlsafe(24))
+        bots = (BotSettings(name="default", secret_token=secret, **options),)
+    if not any(bot.bot_token is not None for bot in bots):
+        return "--poll needs a bot token: set INTAKE_BOT_TOKEN (or bot_token in [[bots]])"
+    polled = tuple(
+        bot if bot.bot_token is None else bot.model_copy(update={"source": "polling"})
+        for bot in bots
+    )
+    return settings.model_copy(update={"bots": polled})
 
 
 def _configuration_problem(settings: Settings, *, workers: bool, demo: bool) -> str | None:
@@ -104,6 +127,12 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         args.port = listening[0].getsockname()[1]
         settings, mounts[DEMO_PATH] = _demo(settings, args)
     workers = args.command == "run"
+    if getattr(args, "poll", False):
+        polled = _polling(settings)
+        if isinstance(polled, str):
+            print(polled, file=sys.stderr)
+            return 2
+        settings = polled
     problem = _configuration_problem(settings, workers=workers, demo=args.demo)
     if problem:
         print(problem, file=sys.stderr)
@@ -200,6 +229,14 @@ def add_commands(commands: Commands) -> None:
             action="store_true",
             help="no configuration needed: bot 'default' with a generated secret, SQLite",
         )
+        if name == "run":
+            command.add_argument(
+                "--poll",
+                action="store_true",
+                help="take updates by getUpdates long polling (INTAKE_BOT_TOKEN), not a "
+                "webhook: no public HTTPS needed. Example: INTAKE_BOT_TOKEN=... "
+                "INTAKE_DOWNSTREAM_URL=http://127.0.0.1:8000/hook telegram-intake run --poll",
+            )
         command.set_defaults(handler=_serve)
     worker_command = commands.add_parser(
         "worker",

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import Storage, serve_asgi
 from tests.downstream import FakeDownstream, Received, eventually
 from tests.fake_bot_api import TOKEN, FakeBotApi
-from tests.processes import Process, environment, free_port, processes
+from tests.processes import SECRET, Process, environment, free_port, processes
 
 pytestmark = pytest.mark.slow  # real processes long polling
 
@@ -187,3 +187,82 @@ async def test_two_processes_polling_one_bot_take_turns_without_a_409_storm(
             assert second.poll() is None
     assert_each_once_in_chat_order(downstream.received, list(range(1, 241)))
     assert fake.conflicts <= 1  # at most the killed poller's open request, ended by the next
+
+
+@pytest.mark.parametrize("demo", [False, True], ids=["downstream", "demo"])
+async def test_run_poll_needs_only_a_token_and_a_downstream(
+    sqlite_storage: Storage, downstream: FakeDownstream, tmp_path: Path, demo: bool
+) -> None:
+    """`telegram-intake run --poll` from a laptop: INTAKE_BOT_TOKEN and where to deliver (or
+    `--demo`, which delivers to its own downstream); no webhook secret, no public address."""
+    fake = FakeBotApi()
+    fake.produce(*updates(1, 5, chats=2))
+    async with serve_asgi(fake.app()) as bot_api:
+        env = polling_env(sqlite_storage.url(), downstream, bot_api, port=free_port())
+        for name in ("INTAKE_SECRET_TOKEN", "INTAKE_SOURCE"):
+            del env[name]
+        arguments = ("run", "--poll", "--demo") if demo else ("run", "--poll")
+        with processes(tmp_path) as start:
+            run = start("run", env, *arguments)
+            if demo:
+                handled = "demo downstream: handled"
+                await eventually(lambda: run.stderr.count(handled) >= 5, within=30)
+            else:
+                await eventually(lambda: len(downstream.received) >= 5, within=30)
+            await eventually(lambda: fake.pending == [], within=10)
+    if not demo:
+        assert_each_once_in_chat_order(downstream.received, [1, 2, 3, 4, 5])
+    assert "Traceback" not in run.stderr
+
+
+async def test_switching_from_webhook_to_polling_and_back_loses_nothing(
+    sqlite_storage: Storage, downstream: FakeDownstream, tmp_path: Path
+) -> None:
+    """A bot on its webhook; `delete-webhook`, and Telegram holds what comes next; a `run
+    --poll` takes those; `set-webhook`, and the poller meets 409 and takes nothing more while
+    Telegram posts to the webhook again. Every update is delivered, each once."""
+    fake = FakeBotApi()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    webhook = {"X-Telegram-Bot-Api-Secret-Token": SECRET, "Content-Type": "application/json"}
+    async with serve_asgi(fake.app()) as bot_api, httpx.AsyncClient(timeout=10) as client:
+        env = environment(
+            sqlite_storage.url(), f"{downstream.url}/hook", port=port, bot_token=TOKEN,
+            bot_api_url=bot_api, poll_timeout_seconds=1,
+        )  # fmt: skip
+
+        async def cli(*arguments: str) -> str:
+            done = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "app.cli", *arguments],
+                env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        async def telegram_posts(batch: list[dict[str, Any]]) -> None:
+            for update in batch:
+                answer = await client.post(
+                    f"{base}/telegram/default", content=json.dumps(update), headers=webhook
+                )
+                assert answer.status_code == 200
+
+        await cli("set-webhook", "default", "--url", "https://intake.example.com/telegram/default")
+        with processes(tmp_path) as start:
+            served = start("webhook", env, "run")
+            await eventually(lambda: served.answers(f"{base}/healthz"), within=30)
+            await telegram_posts(updates(1, 10, chats=3))
+            await eventually(lambda: len(downstream.received) >= 10, within=30)
+            served.kill()
+            assert "no webhook set" in await cli("delete-webhook", "default")
+            fake.produce(*updates(11, 10, chats=3))  # held by Telegram meanwhile
+            polled = start("polling", env, "run", "--poll")
+            await eventually(lambda: len(downstream.received) >= 20, within=30)
+            await cli(
+                "set-webhook", "default", "--url", "https://intake.example.com/telegram/default"
+            )
+            fake.produce(*updates(21, 5, chats=3))  # a webhook is set: not for getUpdates
+            await eventually(lambda: fake.conflicts >= 1, within=30)
+            await telegram_posts(updates(21, 5, chats=3))  # Telegram posts them instead
+            await eventually(lambda: len(downstream.received) >= 25, within=30)
+            assert "409 Conflict: a webhook is set" in polled.stderr
+    assert_each_once_in_chat_order(downstream.received, list(range(1, 26)))
