@@ -24,16 +24,18 @@ import os
 import secrets
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from app import bot_api
 from app.config import BotSettings, Settings
-from app.dispatch.clock import DatabaseClock
 from app.intake.updates import classify
 from app.metrics import Metrics
 from app.store import NewUpdate, OperatorStore, StoreError, validate
+
+if TYPE_CHECKING:  # the dispatcher imports this module: its clock is a type here only
+    from app.dispatch.clock import DatabaseClock
 
 log = logging.getLogger(__name__)
 
