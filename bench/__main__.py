@@ -28,6 +28,7 @@ BENCHMARKS = (
     "reader",
     "search",
     "console",
+    "polling",
 )
 
 

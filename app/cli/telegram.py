@@ -13,6 +13,7 @@ from typing import Any
 from app.bot_api import BotApiError, call
 from app.cli.service import Commands
 from app.config import BotSettings, Settings
+from app.fake_bot_api import TOKEN as FAKE_TOKEN
 
 
 def describe_webhook(bot: str, info: dict[str, Any], now: float | None = None) -> str:
@@ -129,8 +130,29 @@ def _delete_webhook(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _fake_bot_api(_settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.fake_bot_api import FakeBotApi
+
+    fake = FakeBotApi(args.token)
+    base = f"http://{args.host}:{args.port}"
+    update = '[{"update_id": 1, "message": {"message_id": 1, "date": 0, '
+    update += '"chat": {"id": 42, "type": "private"}, "text": "hello"}}]'
+    print(
+        f"fake Bot API at {base}, bot token {args.token}",
+        f"fake: poll it  INTAKE_BOT_API_URL={base} INTAKE_BOT_TOKEN={args.token} "
+        "telegram-intake run --demo --poll",
+        f"fake: hand it updates  curl -s -d '{update}' {base}/fake/updates",
+        sep="\n",
+        flush=True,
+    )
+    uvicorn.run(fake.app(), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def add_commands(commands: Commands) -> None:
-    """set-webhook, delete-webhook, webhook-info."""
+    """set-webhook, delete-webhook, webhook-info, fake-bot-api."""
     command = commands.add_parser(
         "set-webhook",
         help="point Telegram at this service: setWebhook with the bot's secret token, then "
@@ -172,3 +194,14 @@ def add_commands(commands: Commands) -> None:
     command.add_argument("bot", help="a configured bot's name")
     command.add_argument("--json", action="store_true", help="print Telegram's answer as JSON")
     command.set_defaults(handler=_webhook_info)
+    command = commands.add_parser(
+        "fake-bot-api",
+        help="a fake of Telegram's Bot API for trials: run --poll against it, hand it updates",
+        description="Serve a fake Bot API (getUpdates, setWebhook, deleteWebhook, "
+        "getWebhookInfo, as Telegram documents them) and POST /fake/updates to give it "
+        "updates. Example: telegram-intake fake-bot-api --port 8081",
+    )
+    command.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    command.add_argument("--port", type=int, default=8081, help="port to listen on")
+    command.add_argument("--token", default=FAKE_TOKEN, help="the bot token it accepts")
+    command.set_defaults(handler=_fake_bot_api)

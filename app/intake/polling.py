@@ -89,8 +89,10 @@ class Poller:
                 try:
                     offset = await self._take()
                     if offset is None:  # another process polls: stand by
+                        log.debug("bot %r: another process polls; standing by", self.bot.name)
                         await asyncio.sleep(self._lease_ms / 3000)
                         continue
+                    log.debug("bot %r: getUpdates from offset %d", self.bot.name, offset)
                     await self._poll(client, offset)
                     failures = 0
                 except bot_api.BotApiError as error:

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from app.cli.telegram import describe_webhook
+from app.fake_bot_api import TOKEN, FakeBotApi
 from tests.conftest import serve_asgi
-from tests.fake_bot_api import TOKEN, FakeBotApi
 
 pytestmark = pytest.mark.slow  # each test runs the command line as real processes
 

@@ -24,6 +24,7 @@ from standardwebhooks import Webhook
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.fake_bot_api import TOKEN, FakeBotApi
 from tests.conftest import Storage, serve_asgi
 from tests.downstream import (
     SIGNING_SECRET,
@@ -34,7 +35,6 @@ from tests.downstream import (
     ok,
     status,
 )
-from tests.fake_bot_api import TOKEN, FakeBotApi
 from tests.processes import SECRET, environment, free_port, processes
 
 pytestmark = pytest.mark.slow  # a real process, seconds of waiting for a stale backlog

@@ -1,4 +1,4 @@
-"""Long polling (SPEC section 11) against a fake Bot API (tests/fake_bot_api.py), with real
+"""Long polling (SPEC section 11) against a fake Bot API (app/fake_bot_api.py), with real
 processes: getUpdates to the downstream on both backends, each batch recorded before the next
 offset confirms it; Telegram's 409, 429, 5xx and 401 as the poller meets them; the switch
 from a webhook to polling by `delete-webhook`; and two worker processes configured to poll one
@@ -17,10 +17,10 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from app.fake_bot_api import TOKEN, FakeBotApi
 from app.store.engine import create_sync_engine
 from tests.conftest import Storage, serve_asgi, table_rows
 from tests.downstream import FakeDownstream, Received, eventually
-from tests.fake_bot_api import TOKEN, FakeBotApi
 from tests.processes import SECRET, Process, environment, free_port, processes
 
 pytestmark = pytest.mark.slow  # real processes long polling
@@ -55,6 +55,8 @@ def polling_env(
         bot_api_url=bot_api,
         poll_timeout_seconds=1,
         log_format="json",
+        # A killed process's attempts hold their chats until their leases lapse: short ones.
+        lease_seconds=2,
         **options,
     )
 
@@ -230,6 +232,7 @@ async def test_switching_from_webhook_to_polling_and_back_loses_nothing(
     async with serve_asgi(fake.app()) as bot_api, httpx.AsyncClient(timeout=10) as client:
         env = environment(
             sqlite_storage.url(), f"{downstream.url}/hook", port=port, bot_token=TOKEN,
+            lease_seconds=2,
             bot_api_url=bot_api, poll_timeout_seconds=1,
         )  # fmt: skip
 
@@ -325,3 +328,27 @@ def poller_pid(url: str) -> int | None:
     finally:
         engine.dispose()
     return int(holder.split(":")[1]) if holder else None
+
+
+async def test_a_trial_polls_the_fake_bot_api_command_with_run_demo_poll(
+    sqlite_storage: Storage, tmp_path: Path
+) -> None:
+    """The trial path of the README: `telegram-intake fake-bot-api`, `run --demo --poll`
+    against it, updates handed to the fake by `POST /fake/updates` reach the demo downstream."""
+    fake_port = free_port()
+    env = environment(sqlite_storage.url(), None, port=free_port())
+    del env["INTAKE_SECRET_TOKEN"]
+    with processes(tmp_path) as start:
+        fake = start("fake-bot-api", env, "fake-bot-api", "--port", str(fake_port))
+        await eventually(lambda: "fake: poll it" in fake.stdout, within=30)
+        hint = next(line for line in fake.stdout.splitlines() if "fake: poll it" in line)
+        assigned = dict(part.split("=", 1) for part in hint.split() if part.startswith("INTAKE_"))
+        run = start("run", {**env, **assigned}, "run", "--demo", "--poll")
+        async with httpx.AsyncClient() as client:
+            handed = await client.post(
+                f"http://127.0.0.1:{fake_port}/fake/updates", json=updates(1, 5, chats=2)
+            )
+        assert handed.json() == {"pending": 5}
+        handled = "demo downstream: handled"
+        await eventually(lambda: run.stderr.count(handled) >= 5, within=30)
+    assert "Traceback" not in run.stderr

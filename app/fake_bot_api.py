@@ -1,7 +1,9 @@
-"""A fake of Telegram's Bot API on an ephemeral port, as far as the service calls it (written from
-the Bot API documentation): setWebhook, deleteWebhook and getWebhookInfo keep the webhook
-Telegram would keep, and every call is recorded. A token other than TOKEN is refused with 401,
-as Telegram does.
+"""A fake of Telegram's Bot API, as far as the service calls it (written from the Bot API
+documentation), for trials (`telegram-intake fake-bot-api`, then `run --poll` against it), the
+tests and the benchmarks: setWebhook, deleteWebhook and getWebhookInfo keep the webhook
+Telegram would keep, and every call is recorded. A token other than its own is refused with
+401, as Telegram does. `POST /fake/updates` (a JSON list of updates) gives it updates to hand
+out, as a bot's users would.
 
 getUpdates as Telegram answers it: the updates with `update_id >= offset`, those below the
 offset forgotten for good (an offset confirms them), at most `limit`; with nothing to give it
@@ -21,14 +23,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-TOKEN = "123456:AAH-secret-bot-token"
+TOKEN = "123456:AAH-secret-bot-token"  # noqa: S105 - the fake's default, a trial token
 
 
 class FakeBotApi:
     """Keeps the webhook Telegram would keep, and what each call asked. Its server runs in
     another thread: `webhook` is replaced whole under the lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str = TOKEN) -> None:
+        self.token = token
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.webhook: dict[str, Any] = {"url": "", "pending_update_count": 0}
         self.pending: list[dict[str, Any]] = []  # produced, not yet confirmed by an offset
@@ -52,8 +55,8 @@ class FakeBotApi:
             return sum(1 for name, _ in self.calls if name == method)
 
     def app(self) -> Starlette:
-        async def method(request: Request) -> JSONResponse:
-            if request.path_params["token"] != TOKEN:
+        async def method(request: Request) -> Response:
+            if request.path_params["token"] != self.token:
                 return JSONResponse(
                     {"ok": False, "error_code": 401, "description": "Unauthorized"}, 401
                 )
@@ -88,7 +91,21 @@ class FakeBotApi:
                 404,
             )
 
-        return Starlette(routes=[Route("/bot{token}/{method}", method, methods=["POST"])])
+        async def produced(request: Request) -> JSONResponse:
+            batch = await request.json()
+            if not isinstance(batch, list) or not all(
+                isinstance(u, dict) and isinstance(u.get("update_id"), int) for u in batch
+            ):
+                return JSONResponse({"error": "a JSON list of updates with update_id"}, 400)
+            self.produce(*batch)
+            return JSONResponse({"pending": len(self.pending)})
+
+        return Starlette(
+            routes=[
+                Route("/bot{token}/{method}", method, methods=["POST"]),
+                Route("/fake/updates", produced, methods=["POST"]),
+            ]
+        )
 
     async def _get_updates(self, params: dict[str, Any]) -> Response:
         with self._lock:
