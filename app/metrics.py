@@ -140,6 +140,7 @@ class PollMeters:
     requests: Mapping[PollResult, Counter]
     updates: Counter
     offset: Gauge
+    last_error: Gauge  # when the last getUpdates failed, epoch seconds (0: none yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +255,12 @@ class Metrics:
             ["bot"],
             registry=registry,
         )
+        self._poll_error = Gauge(
+            PREFIX + "poll_last_error_timestamp_seconds",
+            "When this process's poller last met an error from getUpdates (0: none yet).",
+            ["bot"],
+            registry=registry,
+        )
         self._closed = _by_reason(
             registry,
             "connections_closed",
@@ -290,6 +297,7 @@ class Metrics:
             requests=_bound(self._polls, bot, get_args(PollResult)),
             updates=self._polled.labels(bot),
             offset=self._poll_offset.labels(bot),
+            last_error=self._poll_error.labels(bot),
         )
 
     def operational_event(self, kind: EventType, result: DeliveryResult) -> None:

@@ -183,6 +183,7 @@ class Poller:
     def _after(self, error: bot_api.BotApiError, failures: int) -> float:
         """The pause after a refused or failed getUpdates, counted and logged by its cause."""
         name = self.bot.name
+        self._meters.last_error.set_to_current_time()
         if error.code == 409:
             self._meters.requests["conflict"].inc()
             log.warning(
