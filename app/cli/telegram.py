@@ -66,25 +66,33 @@ def _set_webhook(settings: Settings, args: argparse.Namespace) -> int:
     allowed = bot.allowed_updates
     if args.allowed_updates is not None:
         allowed = tuple(name.strip() for name in args.allowed_updates.split(",") if name.strip())
+    return _change_webhook(
+        settings,
+        bot,
+        "setWebhook",
+        args.url,
+        url=args.url,
+        secret_token=bot.secret_token.get_secret_value(),
+        allowed_updates=None if allowed is None else list(allowed),
+        max_connections=args.max_connections or bot.max_connections,
+        drop_pending_updates=True if args.drop_pending_updates else None,
+    )
+
+
+def _change_webhook(
+    settings: Settings, bot: BotSettings, method: str, wanted: str, **params: Any
+) -> int:
+    """Call `method`, then confirm with getWebhookInfo that the webhook is `wanted` ("":
+    none); say what Telegram now knows."""
     try:
-        call(
-            settings,
-            bot,
-            "setWebhook",
-            url=args.url,
-            secret_token=bot.secret_token.get_secret_value(),
-            allowed_updates=None if allowed is None else list(allowed),
-            max_connections=args.max_connections or bot.max_connections,
-            drop_pending_updates=True if args.drop_pending_updates else None,
-        )
+        call(settings, bot, method, **params)
         info = call(settings, bot, "getWebhookInfo")
     except BotApiError as error:
         print(error, file=sys.stderr)
         return 1
-    if info.get("url") != args.url:
-        print(
-            f"setWebhook answered ok, but getWebhookInfo shows {info.get('url')!r}", file=sys.stderr
-        )
+    if (info.get("url") or "") != wanted:
+        shown = info.get("url")
+        print(f"{method} answered ok, but getWebhookInfo shows {shown!r}", file=sys.stderr)
         return 1
     print(describe_webhook(bot.name, info))
     return 0
@@ -110,24 +118,8 @@ def _delete_webhook(settings: Settings, args: argparse.Namespace) -> int:
     bot = _bot(settings, args.bot)
     if bot is None:
         return 2
-    try:
-        call(
-            settings,
-            bot,
-            "deleteWebhook",
-            drop_pending_updates=True if args.drop_pending_updates else None,
-        )
-        info = call(settings, bot, "getWebhookInfo")
-    except BotApiError as error:
-        print(error, file=sys.stderr)
-        return 1
-    if info.get("url"):
-        print(
-            f"deleteWebhook answered ok, but getWebhookInfo shows {info['url']!r}", file=sys.stderr
-        )
-        return 1
-    print(describe_webhook(bot.name, info))
-    return 0
+    drop = True if args.drop_pending_updates else None
+    return _change_webhook(settings, bot, "deleteWebhook", "", drop_pending_updates=drop)
 
 
 def _fake_bot_api(_settings: Settings, args: argparse.Namespace) -> int:

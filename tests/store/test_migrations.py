@@ -143,7 +143,8 @@ def test_0004_keeps_search_indexes_an_operator_built_first(
     postgres_storage: Storage,
 ) -> None:
     """docs/store.md's way to upgrade a large PostgreSQL table: the search indexes built
-    CONCURRENTLY (writes go on) before `alembic upgrade head`, which keeps them."""
+    CONCURRENTLY (writes go on) before `alembic upgrade head`, which keeps them (the same
+    index: its oid, found through this schema's search_path, is unchanged)."""
     url = postgres_storage.url("0003")
     _insert(url, ROWS)
     engine = create_sync_engine(url)
@@ -157,7 +158,7 @@ def test_0004_keeps_search_indexes_an_operator_built_first(
                 )
             )
             built = autocommit.scalar(
-                text("SELECT oid FROM pg_class WHERE relname = :name"), {"name": f"ix_{TABLE}_chat"}
+                text("SELECT to_regclass(:name)::oid"), {"name": f"ix_{TABLE}_chat"}
             )
     finally:
         engine.dispose()
@@ -165,7 +166,7 @@ def test_0004_keeps_search_indexes_an_operator_built_first(
     _assert_schema_is(postgres_storage, url, "0004")
     with _connect(url) as connection:
         kept = connection.scalar(
-            text("SELECT oid FROM pg_class WHERE relname = :name"), {"name": f"ix_{TABLE}_chat"}
+            text("SELECT to_regclass(:name)::oid"), {"name": f"ix_{TABLE}_chat"}
         )
     assert kept == built
 
