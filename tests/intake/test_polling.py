@@ -62,6 +62,11 @@ def polling_env(
     )
 
 
+def delivered(downstream: FakeDownstream) -> int:
+    """How many distinct updates have arrived (a redelivery counts once)."""
+    return len({r.update_id for r in downstream.received})
+
+
 def assert_none_lost_in_chat_order(received: list[Received], expected: list[int]) -> None:
     """Where a process was killed mid-attempt, its attempts are delivered again once their
     leases lapse (at least once, by design): every update arrived, and each chat's first
@@ -97,9 +102,9 @@ async def test_polled_updates_reach_the_downstream_each_once_in_chat_order(
         env = polling_env(storage.url(), downstream, bot_api, port=port, api_keys=KEY)
         with processes(tmp_path) as start:
             run = start("run", env, "run")
-            await eventually(lambda: len(downstream.received) >= 300, within=60)
+            await eventually(lambda: delivered(downstream) >= 300, within=60)
             fake.produce(*updates(301, 20, chats=10))  # arriving while it polls
-            await eventually(lambda: len(downstream.received) >= 320, within=30)
+            await eventually(lambda: delivered(downstream) >= 320, within=30)
             await eventually(lambda: fake.pending == [], within=10)  # every batch confirmed
             async with httpx.AsyncClient() as client:
                 ready = await client.get(f"http://127.0.0.1:{port}/readyz")
@@ -139,10 +144,10 @@ async def test_telegram_s_refusals_are_met_as_its_documentation_says(
             )  # fmt: skip
             assert deleted.returncode == 0, deleted.stderr
             assert "no webhook set (getUpdates mode)" in deleted.stdout
-            await eventually(lambda: len(downstream.received) >= 30, within=30)
+            await eventually(lambda: delivered(downstream) >= 30, within=30)
             fake.faults = [(429, 1.0), (500, None), (0, None)]
             fake.produce(*updates(31, 10, chats=3))
-            await eventually(lambda: len(downstream.received) >= 40, within=30)
+            await eventually(lambda: delivered(downstream) >= 40, within=30)
             async with httpx.AsyncClient() as client:
                 metrics = await client.get(
                     f"http://127.0.0.1:{port}/metrics", headers={"authorization": f"Bearer {KEY}"}
@@ -200,10 +205,10 @@ async def test_two_processes_polling_one_bot_take_turns_without_a_409_storm(
         with processes(tmp_path) as start:
             first: Process = start("worker-1", env, "worker")
             second: Process = start("worker-2", env, "worker")
-            await eventually(lambda: len(downstream.received) >= 200, within=60)
+            await eventually(lambda: delivered(downstream) >= 200, within=60)
             first.kill()  # the poller may have been either: the other takes over
             fake.produce(*updates(201, 40, chats=8))
-            await eventually(lambda: len(downstream.received) >= 240, within=60)
+            await eventually(lambda: delivered(downstream) >= 240, within=60)
             assert second.poll() is None
     assert_none_lost_in_chat_order(downstream.received, list(range(1, 241)))
     assert fake.conflicts <= 1  # at most the killed poller's open request, ended by the next
@@ -228,7 +233,7 @@ async def test_run_poll_needs_only_a_token_and_a_downstream(
                 handled = "demo downstream: handled"
                 await eventually(lambda: run.stderr.count(handled) >= 5, within=30)
             else:
-                await eventually(lambda: len(downstream.received) >= 5, within=30)
+                await eventually(lambda: delivered(downstream) >= 5, within=30)
             await eventually(lambda: fake.pending == [], within=10)
     if not demo:
         assert_each_once_in_chat_order(downstream.received, [1, 2, 3, 4, 5])
@@ -272,19 +277,19 @@ async def test_switching_from_webhook_to_polling_and_back_loses_nothing(
             served = start("webhook", env, "run")
             await eventually(lambda: served.answers(f"{base}/healthz"), within=30)
             await telegram_posts(updates(1, 10, chats=3))
-            await eventually(lambda: len(downstream.received) >= 10, within=30)
+            await eventually(lambda: delivered(downstream) >= 10, within=30)
             served.kill()
             assert "no webhook set" in await cli("delete-webhook", "default")
             fake.produce(*updates(11, 10, chats=3))  # held by Telegram meanwhile
             polled = start("polling", env, "run", "--poll")
-            await eventually(lambda: len(downstream.received) >= 20, within=30)
+            await eventually(lambda: delivered(downstream) >= 20, within=30)
             await cli(
                 "set-webhook", "default", "--url", "https://intake.example.com/telegram/default"
             )
             fake.produce(*updates(21, 5, chats=3))  # a webhook is set: not for getUpdates
             await eventually(lambda: fake.conflicts >= 1, within=30)
             await telegram_posts(updates(21, 5, chats=3))  # Telegram posts them instead
-            await eventually(lambda: len(downstream.received) >= 25, within=30)
+            await eventually(lambda: delivered(downstream) >= 25, within=30)
             assert "409 Conflict: a webhook is set" in polled.stderr
     assert_none_lost_in_chat_order(downstream.received, list(range(1, 26)))
 
