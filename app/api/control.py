@@ -10,6 +10,7 @@ empty filter is 422 unless it says `all: true` (or is a dry run).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query
@@ -139,6 +140,11 @@ class Filter(Message):
 
     def empty(self) -> bool:
         return not self.model_dump(exclude_none=True)
+
+    def within(self, bots: Iterable[str] | None) -> ExhaustionFilter:
+        """These criteria as the store takes them, bounded to `bots` (None: every bot)."""
+        criteria = self.model_dump(exclude={"bot"})
+        return ExhaustionFilter(bots=None if bots is None else tuple(bots), **criteria)
 
 
 class BulkRequest(Message):
@@ -488,14 +494,7 @@ def _selection(
     bots = (chosen.bot,) if chosen.bot is not None else grant.bots(None)
     if bots is None and configured:
         bots = _visible(grant)
-    return ExhaustionFilter(
-        bots=None if bots is None else tuple(bots),
-        update_type=chosen.update_type,
-        chat=chosen.chat,
-        error_contains=chosen.error_contains,
-        exhausted_after=chosen.exhausted_after,
-        exhausted_before=chosen.exhausted_before,
-    )
+    return chosen.within(bots)
 
 
 def _sample(outcome: BulkOutcome) -> list[BulkSample]:

@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Request, Response
 from starlette.responses import RedirectResponse
 
+from app.api.control import Filter
 from app.api.deps import Services
 from app.console.forms import ConsoleRoute, acting, back_to, read_form, sessions, signed_in
 from app.console.session import Session
@@ -344,16 +345,13 @@ FILTER_FIELDS = (
 def _exhaustion_filter(
     request: Request, session: Session, fields: dict[str, str]
 ) -> ExhaustionFilter:
-    names = _visible(request, session)
-    bot = fields.get("bot", "")
-    return ExhaustionFilter(
-        bots=(_bot(request, session, bot),) if bot else tuple(names),
-        update_type=fields.get("update_type") or None,
-        chat=fields.get("chat") or None,
-        error_contains=fields.get("error_contains") or None,
-        exhausted_after=_when(fields.get("exhausted_after", ""), "exhausted after"),
-        exhausted_before=_when(fields.get("exhausted_before", ""), "exhausted before"),
-    )
+    """The form's filter as the API reads one (`Filter`), within the key's bots."""
+    criteria: dict[str, object] = {name: fields.get(name) or None for name in FILTER_FIELDS}
+    for name in ("exhausted_after", "exhausted_before"):
+        criteria[name] = _when(fields.get(name, ""), name.replace("_", " "))
+    chosen = Filter.model_validate(criteria)
+    visible = _visible(request, session)
+    return chosen.within((_bot(request, session, chosen.bot),) if chosen.bot else visible)
 
 
 @router.get("/exhaustions")
