@@ -17,6 +17,7 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from pydantic import Field, StrictBool, StrictInt, StringConstraints, model_validator
 
 from app.api.deps import REFUSALS, Grant, Operator, StrictJsonRoute, Viewer
+from app.api.operations import summary
 from app.kit.wire import (
     BOT_PATTERN,
     MAX_BIGINT,
@@ -498,14 +499,4 @@ def _selection(
 
 
 def _sample(outcome: BulkOutcome) -> list[BulkSample]:
-    return [
-        BulkSample(
-            bot=e.identity.bot,
-            update_id=e.identity.update_id,
-            attempt=e.identity.attempt,
-            claim_id=e.identity.claim_id,
-            error=e.error,
-            exhausted_at=e.exhausted_at,
-        )
-        for e in outcome.sample
-    ]
+    return [summary(exhaustion, BulkSample) for exhaustion in outcome.sample]

@@ -3,7 +3,8 @@ counts by bot and state. Read-only; acknowledging is in `app.api.claims`."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import asdict
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
@@ -14,10 +15,14 @@ from app.kit.wire import (
     BotCounts,
     ExhaustionItem,
     ExhaustionPage,
+    Identity,
     Problem,
     Stats,
     UpdateView,
 )
+from app.store import Exhaustion
+
+Model = TypeVar("Model", bound=Identity)
 
 router = APIRouter(
     route_class=StrictJsonRoute,
@@ -51,18 +56,7 @@ async def exhaustions(
     rows = await grant.services.store.due_exhaustions(
         limit=limit, after=cursor, bots=grant.bots(bot)
     )
-    items = [
-        ExhaustionItem(
-            bot=row.identity.bot,
-            update_id=row.identity.update_id,
-            attempt=row.identity.attempt,
-            claim_id=row.identity.claim_id,
-            error=row.error,
-            exhausted_at=row.exhausted_at,
-            update=row.body,
-        )
-        for row in rows
-    ]
+    items = [summary(row, ExhaustionItem, update=row.body) for row in rows]
     last = items[-1].key() if len(items) == limit else None
     return ExhaustionPage(items=items, next=last)
 
@@ -103,3 +97,9 @@ async def stats(grant: Viewer) -> Stats:
             if allowed is None or row.bot in allowed
         ],
     )
+
+
+def summary(exhaustion: Exhaustion, model: type[Model], **more: object) -> Model:
+    """An exhaustion as the API shows it: its identity, error and time (and `more`)."""
+    fields = {"error": exhaustion.error, "exhausted_at": exhaustion.exhausted_at, **more}
+    return model.model_validate({**asdict(exhaustion.identity), **fields})
