@@ -61,10 +61,10 @@ def worker_env(database_url: str, downstream: str, **extra: str) -> dict[str, st
     return env
 
 
-def serve(env: dict[str, str]) -> AbstractAsyncContextManager[Child]:
-    """A `telegram-intake serve` child with `env`, yielded once uvicorn listens."""
-    command = (sys.executable, "-m", "app.cli", "serve")
-    return process(*command, env=env, ready="Uvicorn running", label="serve")
+def serve(env: dict[str, str], command: str = "serve") -> AbstractAsyncContextManager[Child]:
+    """A `telegram-intake serve` (or `run`) child with `env`, yielded once uvicorn listens."""
+    argv = (sys.executable, "-m", "app.cli", command)
+    return process(*argv, env=env, ready="Uvicorn running", label=command)
 
 
 def worker(env: dict[str, str]) -> AbstractAsyncContextManager[Child]:

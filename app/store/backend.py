@@ -37,6 +37,9 @@ class History:
 class Backend(ABC):
     """One database's way of running the store's statements.
 
+    The writes run most often (`add_many`, the claims, `settle_many_owned`) open their own
+    transaction: SQLite runs each whole in one hand-off to its writer thread.
+
     Subclasses set, in `__init__`: `writes` (the engine a single write runs on), `reads`
     (the engine for reads), `transactions` (the engine for a caller's multi-statement
     transaction), `write_lock` and `read_lock` (what a caller queues on first)."""
@@ -69,12 +72,11 @@ class Backend(ABC):
         a data-modifying CTE), else in this transaction; the transition's first row."""
 
     @abstractmethod
-    async def claim_recorded(
-        self, connection: AsyncConnection, statement: Update, now: int, *, durable: bool
-    ) -> Sequence[Row[Any]]:
-        """Run a claim (an UPDATE ... RETURNING bot, update_id, attempts, claim_id, state,
-        update_type, queue_key) and record the attempts it started in the history (when
-        kept), started at `now`, and (`durable`) the exhaustions it made in the outbox."""
+    async def claim_recorded(self, statement: Update, now: int, *, durable: bool) -> Sequence[Any]:
+        """In a write transaction of its own: run a claim (an UPDATE ... RETURNING bot,
+        update_id, attempts, claim_id, state, update_type, queue_key) and record the attempts
+        it started in the history (when kept), started at `now`, and (`durable`) the
+        exhaustions it made in the outbox."""
 
     @abstractmethod
     async def delete_recorded(
@@ -102,22 +104,24 @@ class Backend(ABC):
 
     @abstractmethod
     async def add_many(
-        self, connection: AsyncConnection, rows: Sequence[NewUpdate]
-    ) -> Sequence[Row[Any]]:
-        """Insert new keys as pending; the rows (bot, update_id) that were new."""
+        self, rows: Sequence[NewUpdate], *, guard: Update | None = None
+    ) -> Sequence[Any] | None:
+        """In a write transaction of its own: insert new keys as pending; the rows (bot,
+        update_id) that were new. With `guard` (an UPDATE ... RETURNING), run it first in the
+        same transaction, and record nothing (None) unless it matched a row."""
 
     @abstractmethod
     async def claim_next_owned(
         self,
-        connection: AsyncConnection,
         table: Table,
         numbers: Numbers,
         *,
         ordering: Ordering,
         bots: list[str] | None,
         durable_exhaustion: bool,
-    ) -> Sequence[Row[Any]]:
-        """The rows `queries.claim_next_owned` returns."""
+    ) -> Sequence[Any]:
+        """In a write transaction of its own: the rows `queries.claim_next_owned` returns,
+        their attempts recorded as `claim_recorded` records them."""
 
     @abstractmethod
     async def owns(
@@ -151,14 +155,14 @@ class Backend(ABC):
 
     @abstractmethod
     async def settle_many_owned(
-        self,
-        connection: AsyncConnection,
-        table: Table,
-        items: Sequence[tuple[ClaimIdentity, Settlement]],
+        self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
     ) -> dict[tuple[str, int], bool | None]:
-        """Settle each item fenced, in this transaction: for each key that took effect,
-        whether a later update of its chat may still be waiting; None for a key still owned
-        whose row another transaction held locked, skipped rather than waited for."""
+        """In a write transaction of its own: settle each item fenced; for each key that took
+        effect, whether a later update of its chat may still be waiting; None for a key still
+        owned whose row another transaction held locked, skipped rather than waited for."""
+
+    async def close(self) -> None:  # noqa: B027 - most backends hold nothing beside the engine
+        """Release what the backend holds beside the engine."""
 
     @abstractmethod
     async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:

@@ -54,9 +54,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.functions import FunctionElement
 
-from app.store.predicates import NON_TERMINAL, Number, in_state
+from app.store.predicates import NON_TERMINAL, Number, in_state, unindexed
 
 # The due-order walk gives up after this many rows per row wanted (so half of them may be
 # held back by their chats and it still fills the batch): past it, reading the heads one
@@ -84,26 +83,6 @@ def next_window(window: int, walked_heads: bool, heads_first: int) -> tuple[int,
 # still sees LIMIT 1.
 ONE: ColumnElement[int] = literal_column("1")
 ZERO: ColumnElement[int] = literal_column("0")
-
-
-class _unindexed(FunctionElement[str]):
-    """A column no index may serve (SQLite's unary `+`): on a file never analysed, SQLite
-    otherwise walks the due-order candidates through the primary key's `bot = ?`, every
-    retained row of the bot, instead of ix_due (270 ms against 1.5 ms a claim at 1,000,000
-    settled rows). PostgreSQL reads it as the column."""
-
-    type = Text()
-    inherit_cache = True
-
-
-@compiles(_unindexed)
-def _unindexed_default(element: _unindexed, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(element.clauses, **kw)
-
-
-@compiles(_unindexed, "sqlite")
-def _unindexed_sqlite(element: _unindexed, compiler: SQLCompiler, **kw: Any) -> str:
-    return "+" + compiler.process(element.clauses, **kw)
 
 
 class _ByQueueIndex(Alias):
@@ -184,7 +163,7 @@ def chat_ordered(
         first_of_its_chat(t),
     )
     if bots is not None:
-        walked = walked.where(_unindexed(t.c.bot).in_(list(bots)))
+        walked = walked.where(unindexed(t.c.bot).in_(list(bots)))
     early = (
         walked.order_by(t.c.due_at, t.c.bot, t.c.update_id)
         .limit(limit)

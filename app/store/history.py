@@ -16,8 +16,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import CTE, Delete, Insert, Select, Table, Update, delete, select, tuple_, update
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Delete,
+    Insert,
+    Select,
+    Table,
+    Update,
+    delete,
+    func,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.expression import FromClause
 
 from app.store.types import (
     Abandoned,
@@ -137,6 +151,29 @@ def ended_by_settle(attempts: Table, identity: ClaimIdentity, settlement: Settle
         outcome=outcome_of(settlement),
         status=getattr(settlement, "status", None),
         error=getattr(settlement, "error", None),
+    )
+
+
+def ended_many(attempts: Table, batch: FromClause, *only: ColumnElement[bool]) -> Update:
+    """End in their history the attempts of a batch of settlements (`batch`, the derived table
+    of `queries.settle_many_owned`) that `only` admits: the settled ones."""
+    a = attempts.c
+    return (
+        update(attempts)
+        .where(
+            a.bot == batch.c.bot,
+            a.update_id == batch.c.update_id,
+            a.attempt == batch.c.attempt,
+            a.claim_id == batch.c.claim_id,
+            a.ended_at.is_(None),
+            *only,
+        )
+        .values(
+            ended_at=batch.c.at,
+            outcome=batch.c.outcome,
+            status_code=batch.c.status,
+            error=func.substr(batch.c.error, 1, MAX_ERROR_CHARS),
+        )
     )
 
 

@@ -36,7 +36,6 @@ import psycopg
 from psycopg import sql as psql
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     ColumnElement,
     Integer,
     Row,
@@ -67,8 +66,8 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from app.store import events, history, queries
 from app.store.backend import Backend, History, Numbers
-from app.store.predicates import NON_TERMINAL, in_state, live, matches, settled_columns
-from app.store.types import ClaimIdentity, HandedBack, NewUpdate, Ordering, Settlement
+from app.store.predicates import live, matches
+from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
 
 # The database's own counters of each table (a view of the statistics system).
 STAT_USER_TABLES = catalog_view(
@@ -239,94 +238,34 @@ def add_arrays(rows: Sequence[NewUpdate]) -> dict[str, list[Any]]:
     return {f"batch_{name}": [getattr(row, name) for row in rows] for name in queries.ADD_COLUMNS}
 
 
-_SETTLE_COLUMNS = {
-    "bot": Text,
-    "update_id": BigInteger,
-    "attempt": Integer,
-    "claim_id": Text,
-    "at": BigInteger,
-    "state": Text,
-    "due_at": BigInteger,
-    "settled_at": BigInteger,
-    "error": Text,
-    "handed_back": Boolean,
-    "outcome": Text,  # for the attempt's history
-    "status": Integer,
-}
-
-
 def settle_many_owned(t: Table, attempts: Table | None = None) -> Update | Select[Any]:
-    """A whole batch of settlements in one statement, each row matched on its full identity and
-    live lease (the rule of `queries.settle_owned`), over unnest() of parallel arrays (one
-    statement text for any batch size, so it is prepared once). RETURNING names the keys that
-    were settled and, as `waiting`, whether a later update of the same chat is still to
-    deliver: a worker then looks for it at once, and otherwise need not look at all.
-
-    A row another transaction holds locked (a downstream's `owns` inside its transaction, an
-    operator's statement) is skipped, not waited for: one locked row must not hold up the
-    settles of every other attempt of the process. `busy_owned` tells a skipped row from a
-    refused one. With `attempts`, the same statement ends each settled attempt's history."""
-    batch = select(_unnest(_SETTLE_COLUMNS)).cte("batch")
+    """`queries.settle_many_owned` over unnest() of parallel arrays (one statement text for any
+    batch size, so it is prepared once). A row another transaction holds locked (a
+    downstream's `owns` inside its transaction, an operator's statement) is skipped, not
+    waited for: one locked row must not hold up the settles of every other attempt of the
+    process. `busy_owned` tells a skipped row from a refused one. With `attempts`, the same
+    statement ends each settled attempt's history (a data-modifying CTE)."""
+    batch = select(_unnest(queries.SETTLE_COLUMNS)).cte("batch")
     free = (
         select(t.c.bot, t.c.update_id)
         .join(batch, and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id))
         .with_for_update(skip_locked=True, of=t)
         .cte("free")
     )
-    newer = t.alias("newer")
-    waiting = exists().where(
-        newer.c.bot == t.c.bot,
-        newer.c.queue_key == t.c.queue_key,
-        newer.c.update_id > t.c.update_id,
-        in_state(newer.c.state, *NON_TERMINAL),
-    )
-    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
-    settle = (
-        update(t)
-        .where(
-            exact,
-            live(t, batch.c.at),
-            tuple_(t.c.bot, t.c.update_id).in_(select(free.c.bot, free.c.update_id)),
-        )
-        .values(
-            state=batch.c.state,
-            due_at=batch.c.due_at,
-            settled_at=batch.c.settled_at,
-            # A hand-back keeps the last real error and spends no attempt (settle_values).
-            error=case((batch.c.handed_back, t.c.error), else_=batch.c.error),
-            uncounted=t.c.uncounted + case((batch.c.handed_back, 1), else_=0),
-        )
-        .returning(t.c.bot, t.c.update_id, waiting.label("waiting"))
-    )
+    unlocked = tuple_(t.c.bot, t.c.update_id).in_(select(free.c.bot, free.c.update_id))
+    settle = queries.settle_many_owned(t, batch, unlocked)
     if attempts is None:
         return settle
     settled = settle.cte("settled")
-    a = attempts.c
-    ended = (
-        update(attempts)
-        .where(
-            a.bot == batch.c.bot,
-            a.update_id == batch.c.update_id,
-            a.attempt == batch.c.attempt,
-            a.claim_id == batch.c.claim_id,
-            a.ended_at.is_(None),
-            tuple_(batch.c.bot, batch.c.update_id).in_(select(settled.c.bot, settled.c.update_id)),
-        )
-        .values(
-            ended_at=batch.c.at,
-            outcome=batch.c.outcome,
-            status_code=batch.c.status,
-            error=func.left(batch.c.error, history.MAX_ERROR_CHARS),
-        )
-    )
-    return select(settled).add_cte(ended.cte("ended"))
+    keys = tuple_(batch.c.bot, batch.c.update_id).in_(select(settled.c.bot, settled.c.update_id))
+    return select(settled).add_cte(history.ended_many(attempts, batch, keys).cte("ended"))
 
 
 def busy_owned(t: Table) -> Select[Any]:
     """Of a batch's unsettled items (the same arrays), the keys still held by their identity
     with a live lease: `settle_many_owned` skipped them because their row was locked. Read
     without a lock, so it never waits."""
-    batch = _unnest(_SETTLE_COLUMNS)
+    batch = _unnest(queries.SETTLE_COLUMNS)
     exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
     return select(t.c.bot, t.c.update_id).where(exact, live(t, batch.c.at))
 
@@ -380,19 +319,7 @@ def settle_many_parameters(
     items: Sequence[tuple[ClaimIdentity, Settlement]],
 ) -> dict[str, list[Any]]:
     """The arrays of `settle_many_owned` for these settlements."""
-    rows = []
-    for identity, settlement in items:
-        rows.append(
-            {
-                **dataclasses.asdict(identity),
-                "at": settlement.at,
-                **settled_columns(settlement),
-                "handed_back": isinstance(settlement, HandedBack),
-                "outcome": history.outcome_of(settlement),
-                "status": getattr(settlement, "status", None),
-            }
-        )
-    return _arrays(_SETTLE_COLUMNS, rows)
+    return _arrays(queries.SETTLE_COLUMNS, queries.settle_rows(items))
 
 
 def owns_function(name: str, identity: ClaimIdentity) -> Select[Any]:
@@ -470,13 +397,21 @@ class PostgresBackend(Backend):
         return await connection.exec_driver_sql(text, {**constants, **values})
 
     async def add_many(
-        self, connection: AsyncConnection, rows: Sequence[NewUpdate]
-    ) -> Sequence[Row[Any]]:
-        return (await self._execute(connection, self._compiled["add"], add_arrays(rows))).all()
+        self, rows: Sequence[NewUpdate], *, guard: Update | None = None
+    ) -> Sequence[Any] | None:
+        arrays = add_arrays(rows)
+        if guard is None:
+            async with self.write() as connection:
+                return (await self._execute(connection, self._compiled["add"], arrays)).all()
+        async with self.transaction() as connection:
+            if (await connection.execute(guard)).first() is None:
+                return None
+            if not rows:
+                return []
+            return (await self._execute(connection, self._compiled["add"], arrays)).all()
 
     async def claim_next_owned(
         self,
-        connection: AsyncConnection,
         table: Table,
         numbers: Numbers,
         *,
@@ -513,7 +448,8 @@ class PostgresBackend(Backend):
         values: dict[str, Any] = dict(numbers)
         if self._history is not None:
             values["worker"] = self._history.worker
-        return (await self._execute(connection, compiled, values)).all()
+        async with self.write() as connection:
+            return (await self._execute(connection, compiled, values)).all()
 
     async def transition(
         self, connection: AsyncConnection, statement: Update, follow: Update | None
@@ -525,14 +461,13 @@ class PostgresBackend(Backend):
         both = select(moved).add_cte(guarded.cte("followed"))
         return (await connection.execute(both)).first()
 
-    async def claim_recorded(
-        self, connection: AsyncConnection, statement: Update, now: int, *, durable: bool
-    ) -> Sequence[Row[Any]]:
+    async def claim_recorded(self, statement: Update, now: int, *, durable: bool) -> Sequence[Any]:
         worker = "" if self._history is None else self._history.worker
         recorded = self._recorded(
             statement, now=literal(now, BigInteger), worker=literal(worker, Text), durable=durable
         )
-        return (await connection.execute(recorded)).all()
+        async with self.write() as connection:
+            return (await connection.execute(recorded)).all()
 
     def _recorded(
         self, claim: Update, *, now: ColumnElement[int], worker: ColumnElement[str], durable: bool
@@ -603,10 +538,13 @@ class PostgresBackend(Backend):
         }
 
     async def settle_many_owned(
-        self,
-        connection: AsyncConnection,
-        table: Table,
-        items: Sequence[tuple[ClaimIdentity, Settlement]],
+        self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
+    ) -> dict[tuple[str, int], bool | None]:
+        async with self.write() as connection:
+            return await self._settle_many(connection, items)
+
+    async def _settle_many(
+        self, connection: AsyncConnection, items: Sequence[tuple[ClaimIdentity, Settlement]]
     ) -> dict[tuple[str, int], bool | None]:
         arrays = settle_many_parameters(items)
         result = await self._execute(connection, self._compiled["settle_many_owned"], arrays)

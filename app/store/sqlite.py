@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -26,25 +27,34 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Engine,
+    Insert,
     Integer,
     Row,
     Table,
+    Text,
     Update,
     and_,
     bindparam,
     delete,
     event,
+    func,
+    literal_column,
+    select,
+    true,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.sql.expression import FromClause
 
 from app.store import events, history, queries
 from app.store.backend import Backend, History, Numbers
+from app.store.history import ended_many
 from app.store.predicates import identity_is, in_state
+from app.store.sqlite_writer import Prepared, Result, Transaction, Writer
 from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
 
 BUSY_TIMEOUT_MS = 10_000
@@ -57,18 +67,37 @@ SQLITE_BEGIN = "intake_sqlite_begin"
 
 def _in_memory(url: URL) -> bool:
     database = url.database or ""
-    return database in ("", ":memory:") or "mode=memory" in database
+    memory = database in ("", ":memory:") or "mode=memory" in database
+    return memory or url.query.get("mode") == "memory"
 
 
 def engine_options(url: URL) -> dict[str, Any]:
     """`create_engine` arguments for this database URL."""
     if _in_memory(url):
-        # One shared connection, or every pooled connection would see its own empty database.
-        return {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+        raise ValueError(
+            f"database URL {url.render_as_string()!r} is an in-memory SQLite database, which "
+            "loses every recorded update when the process ends: name a file"
+        )
     database = url.database or ""
     if not database.startswith("file:"):
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     return {"connect_args": {"timeout": BUSY_TIMEOUT_MS / 1000}}
+
+
+def set_up(dbapi_connection: Any) -> None:
+    """Our pragmas, on the engine's connections and the writer's alike."""
+    # Hand transaction control to us: pysqlite's implicit BEGIN is deferred.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    _use_wal(cursor)
+    cursor.execute("PRAGMA synchronous = FULL")
+    # A page cache of 64 MiB (SQLite's default is 2 MiB): the table's eight indexes take
+    # their deletes and updates at scattered places (a prune in time order touches every
+    # chat's range of ix_chat), and a cache smaller than their working set rereads pages
+    # for every row.
+    cursor.execute("PRAGMA cache_size = -65536")
+    cursor.close()
 
 
 def configure(sync_engine: Engine) -> None:
@@ -76,18 +105,7 @@ def configure(sync_engine: Engine) -> None:
 
     @event.listens_for(sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Hand transaction control to us: pysqlite's implicit BEGIN is deferred.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        _use_wal(cursor)
-        cursor.execute("PRAGMA synchronous = FULL")
-        # A page cache of 64 MiB (SQLite's default is 2 MiB): the table's eight indexes take
-        # their deletes and updates at scattered places (a prune in time order touches every
-        # chat's range of ix_chat), and a cache smaller than their working set rereads pages
-        # for every row.
-        cursor.execute("PRAGMA cache_size = -65536")
-        cursor.close()
+        set_up(dbapi_connection)
 
     @event.listens_for(sync_engine, "begin")
     def _on_begin(connection: Any) -> None:
@@ -95,6 +113,24 @@ def configure(sync_engine: Engine) -> None:
         if mode not in ("IMMEDIATE", "DEFERRED"):
             raise ValueError(f"SQLite begin mode {mode!r} is not IMMEDIATE or DEFERRED")
         connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _connector(engine: AsyncEngine) -> Callable[[], sqlite3.Connection]:
+    """How the writer opens its connection: the engine's file and options, our pragmas."""
+    args, options = engine.dialect.create_connect_args(engine.url)
+
+    def connect() -> sqlite3.Connection:
+        connection: sqlite3.Connection = sqlite3.connect(  # type: ignore[call-overload]
+            *args, **{**options, "timeout": BUSY_TIMEOUT_MS / 1000}
+        )
+        try:
+            set_up(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    return connect
 
 
 def _use_wal(cursor: Any) -> None:
@@ -117,25 +153,53 @@ def _use_wal(cursor: Any) -> None:
 # -- statements of SQLite only -----------------------------------------------------------------
 
 
-def add(t: Table) -> Any:
-    """`add_many`'s INSERT, run as executemany: new keys as pending, existing ones skipped
-    (duplicates within the batch too); RETURNING names the keys that were new."""
-    many = insert(t).on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
-    return many.returning(t.c.bot, t.c.update_id)
+def add(t: Table) -> Insert:
+    """`add_many`'s INSERT over json_each() of the rows (`json_batch`): new keys as pending,
+    existing ones skipped (duplicates within the batch too, the first one kept); RETURNING
+    names the keys that were new."""
+    columns = queries.ADD_COLUMNS
+    batch = _json_batch(columns)
+    # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
+    source = select(
+        *(batch.c[name] for name in columns),
+        literal_column("'pending'"),
+        literal_column("0"),
+        batch.c.received_at,
+    ).where(true())  # SQLite reads ON CONFLICT after a SELECT with no WHERE as a join's ON
+    names = [*columns, "state", "attempts", "due_at"]
+    statement = insert(t).from_select(names, source)
+    statement = statement.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
+    return statement.returning(t.c.bot, t.c.update_id)
 
 
-def add_rows(rows: Sequence[NewUpdate]) -> list[dict[str, Any]]:
-    """The parameters of `add` for these rows, one dictionary a row."""
-    return [
-        {
-            **{name: getattr(row, name) for name in queries.ADD_COLUMNS},
-            "state": "pending",
-            "attempts": 0,
-            # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
-            "due_at": row.received_at,
-        }
-        for row in rows
-    ]
+def add_rows(rows: Sequence[NewUpdate]) -> dict[str, str]:
+    """The parameter of `add` for these rows."""
+    columns = queries.ADD_COLUMNS
+    return json_batch(columns, [{name: getattr(row, name) for name in columns} for row in rows])
+
+
+def _json_batch(columns: dict[str, Any]) -> FromClause:
+    """Rows passed as one JSON array of arrays (the parameter `batch`, `json_batch`), as the
+    derived table `batch(columns...)`: SQLite's unnest(). One statement, whatever the size."""
+    each = func.json_each(bindparam("batch", "[]", Text)).table_valued("value")
+    return select(
+        *(
+            type_coerce(func.json_extract(each.c.value, f"$[{i}]"), kind).label(name)
+            for i, (name, kind) in enumerate(columns.items())
+        )
+    ).subquery("batch")
+
+
+def settle_many_owned(t: Table) -> Update:
+    """`queries.settle_many_owned` over json_each() of the settlements (`json_batch` of
+    `queries.settle_rows`)."""
+    return queries.settle_many_owned(t, _json_batch(queries.SETTLE_COLUMNS))
+
+
+def json_batch(columns: dict[str, Any], rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """The parameter of `_json_batch` for these rows."""
+    array = [[row[name] for name in columns] for row in rows]
+    return {"batch": json.dumps(array, ensure_ascii=False, separators=(",", ":"))}
 
 
 def history_insert(attempts: Table) -> Any:
@@ -167,76 +231,133 @@ class SqliteBackend(Backend):
         super().__init__(engine)
         self.writes = self.transactions = engine
         self.reads = engine.execution_options(**{SQLITE_BEGIN: "DEFERRED"})
-        # One writer at a time; queueing ours here beats spinning in busy_timeout.
+        # One writer at a time, the engine's or the writer's; queueing ours here beats
+        # spinning in busy_timeout.
         self.write_lock = asyncio.Lock()
-        # An in-memory database is one shared connection: a read must not overlap a write.
-        shared = isinstance(engine.pool, StaticPool)
-        self.read_lock = self.write_lock if shared else nullcontext()
-        self._add: Any = None
-        self._claims: dict[tuple[Any, ...], Update] = {}
+        self.read_lock = nullcontext()
+        self._writer = Writer(_connector(engine))
+        self._add: Prepared | None = None
+        self._claims: dict[tuple[Any, ...], Prepared] = {}
         self._history: History | None = None
-        self._started: Any = None
+        self._started: Prepared | None = None
+        self._settle: Prepared | None = None
+        self._ended: Prepared | None = None
 
     def prepare(
         self, table: Table, channel: str, history: History | None, outbox: Table | None
     ) -> None:
-        self._add = add(table)
+        self._add = Prepared.of(add(table))
         self._claims = {}
         self._history = history
-        self._started = None if history is None else history_insert(history.attempts)
+        self._started = None if history is None else Prepared.of(history_insert(history.attempts))
         self._outbox = outbox
+        fenced = "uncounted" in table.c  # the fenced methods' revision
+        self._settle = Prepared.of(settle_many_owned(table)) if fenced else None
+        batch = _json_batch(queries.SETTLE_COLUMNS)
+        self._ended = None if history is None else Prepared.of(ended_many(history.attempts, batch))
 
-    async def _record_claim(
-        self, connection: AsyncConnection, rows: Sequence[Row[Any]], now: int, durable: bool
+    async def _write_whole(self, work: Callable[[Transaction], Result]) -> Result:
+        """One write transaction run whole by the writer (`app.store.sqlite_writer`)."""
+        async with self.write_lock:
+            return await self._writer.run(work)
+
+    async def close(self) -> None:
+        await self._writer.close()
+
+    def _record_claim(
+        self, transaction: Transaction, rows: Sequence[Any], now: int, durable: bool
     ) -> None:
         """In the claim's transaction: the attempts it started enter their history, and the
         exhaustions it made (attempts spent) the outbox."""
-        if self._history is not None:
+        if self._started is not None and self._history is not None:
             started = history.start_rows(rows, now=now, worker=self._history.worker)
             if started:
-                await connection.execute(self._started, started)
+                transaction.execute_many(self._started, started)
         if self._outbox is not None and durable:
             spent = events.spent_rows(rows, now=now)
             if spent:
-                await connection.execute(events.record(self._outbox, spent))
+                transaction.execute(events.record(self._outbox, spent))
 
     async def add_many(
-        self, connection: AsyncConnection, rows: Sequence[NewUpdate]
-    ) -> Sequence[Row[Any]]:
-        return (await connection.execute(self._add, add_rows(rows))).all()
+        self, rows: Sequence[NewUpdate], *, guard: Update | None = None
+    ) -> Sequence[Any] | None:
+        statement, batch = self._add, add_rows(rows)
+        assert statement is not None, "prepare() first"
+
+        def work(transaction: Transaction) -> Sequence[Any] | None:
+            if guard is not None and not transaction.execute(guard):
+                return None
+            return transaction.execute(statement, batch) if rows else []
+
+        return await self._write_whole(work)
 
     async def claim_next_owned(
         self,
-        connection: AsyncConnection,
         table: Table,
         numbers: Numbers,
         *,
         ordering: Ordering,
         bots: list[str] | None,
         durable_exhaustion: bool,
-    ) -> Sequence[Row[Any]]:
-        # Built once per shape, its numbers bound at each run: building the chat-ordered
+    ) -> Sequence[Any]:
+        # Compiled once per shape, its numbers bound at each run: building the chat-ordered
         # statement costs milliseconds of Python, more than SQLite takes to run it.
         key = (ordering, None if bots is None else tuple(bots), durable_exhaustion)
         statement = self._claims.get(key)
         if statement is None:
             if len(self._claims) >= 64:  # shapes are few; callers listing ever new bots are not
                 self._claims.clear()
-            statement = self._claims[key] = queries.claim_next_owned(
-                table,
-                now=bindparam("now", type_=BigInteger),
-                lease_until=bindparam("lease_until", type_=BigInteger),
-                max_attempts=bindparam("max_attempts", type_=Integer),
-                limit=bindparam("limit", type_=Integer),
-                window=bindparam("window", type_=Integer),
-                ordering=ordering,
-                bots=bots,
-                durable_exhaustion=durable_exhaustion,
-                lateral=False,
+            statement = self._claims[key] = Prepared.of(
+                queries.claim_next_owned(
+                    table,
+                    now=bindparam("now", 0, BigInteger),
+                    lease_until=bindparam("lease_until", 0, BigInteger),
+                    max_attempts=bindparam("max_attempts", 0, Integer),
+                    limit=bindparam("limit", 0, Integer),
+                    window=bindparam("window", 0, Integer),
+                    ordering=ordering,
+                    bots=bots,
+                    durable_exhaustion=durable_exhaustion,
+                    lateral=False,
+                )
             )
-        rows = (await connection.execute(statement, dict(numbers))).all()
-        await self._record_claim(connection, rows, numbers["now"], durable_exhaustion)
-        return rows
+        claim = statement
+
+        def work(transaction: Transaction) -> Sequence[Any]:
+            rows = transaction.execute(claim, numbers)
+            self._record_claim(transaction, rows, numbers["now"], durable_exhaustion)
+            return rows
+
+        return await self._write_whole(work)
+
+    async def claim_recorded(self, statement: Update, now: int, *, durable: bool) -> Sequence[Any]:
+        def work(transaction: Transaction) -> Sequence[Any]:
+            rows = transaction.execute(statement)
+            self._record_claim(transaction, rows, now, durable)
+            return rows
+
+        return await self._write_whole(work)
+
+    async def settle_many_owned(
+        self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
+    ) -> dict[tuple[str, int], bool | None]:
+        # One statement for the batch and one for the history of the settled ones. No row is
+        # ever busy: this transaction holds the one write lock.
+        settle, end = self._settle, self._ended
+        assert settle is not None, "settle_many_owned needs the fenced revision"
+        rows = queries.settle_rows(items)
+
+        def work(transaction: Transaction) -> dict[tuple[str, int], bool | None]:
+            returned = transaction.execute(settle, json_batch(queries.SETTLE_COLUMNS, rows))
+            settled: dict[tuple[str, int], bool | None] = {
+                (row.bot, row.update_id): bool(row.waiting) for row in returned
+            }
+            if end is not None and settled:
+                ended = [row for row in rows if (row["bot"], row["update_id"]) in settled]
+                transaction.execute(end, json_batch(queries.SETTLE_COLUMNS, ended))
+            return settled
+
+        return await self._write_whole(work)
 
     async def transition(
         self, connection: AsyncConnection, statement: Update, follow: Update | None
@@ -246,13 +367,6 @@ class SqliteBackend(Backend):
         if row is not None and follow is not None:
             await connection.execute(follow)
         return row
-
-    async def claim_recorded(
-        self, connection: AsyncConnection, statement: Update, now: int, *, durable: bool
-    ) -> Sequence[Row[Any]]:
-        rows = (await connection.execute(statement)).all()
-        await self._record_claim(connection, rows, now, durable)
-        return rows
 
     async def delete_recorded(
         self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
@@ -304,26 +418,6 @@ class SqliteBackend(Backend):
             if row is not None:
                 leases[identity] = int(row.due_at)
         return leases
-
-    async def settle_many_owned(
-        self,
-        connection: AsyncConnection,
-        table: Table,
-        items: Sequence[tuple[ClaimIdentity, Settlement]],
-    ) -> dict[tuple[str, int], bool | None]:
-        # Every settled key counts as waiting: asking would cost a query, and misses none. No
-        # row is ever busy: this transaction holds the one write lock.
-        settled: dict[tuple[str, int], bool | None] = {}
-        for identity, settlement in items:
-            statement = queries.settle_owned(table, identity=identity, settlement=settlement)
-            follow = (
-                None
-                if self._history is None
-                else history.ended_by_settle(self._history.attempts, identity, settlement)
-            )
-            if await self.transition(connection, statement, follow) is not None:
-                settled[(identity.bot, identity.update_id)] = True
-        return settled
 
     async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
         return True  # the transaction holds the file's one write lock already

@@ -35,7 +35,16 @@ def _add(store: SqlUpdateStore) -> tuple[Any, dict[str, Any]]:
     rows = [NewUpdate("shop", 5, "{}", NOW)]
     if store.dialect == "postgresql":
         return postgres.add(store.table), postgres.add_arrays(rows)
-    return sqlite.add(store.table), sqlite.add_rows(rows)[0]
+    return sqlite.add(store.table), sqlite.add_rows(rows)
+
+
+def _settle_many(store: SqlUpdateStore) -> tuple[Any, dict[str, Any]]:
+    """The batch settle as each backend runs it, for one item."""
+    items = [(IDENTITY, Completed(NOW))]
+    if store.dialect == "postgresql":
+        return postgres.settle_many_owned(store.table), postgres.settle_many_parameters(items)
+    batch = sqlite.json_batch(queries.SETTLE_COLUMNS, queries.settle_rows(items))
+    return sqlite.settle_many_owned(store.table), batch
 
 
 def statements(store: SqlUpdateStore) -> dict[str, Any]:
@@ -85,6 +94,7 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
         "renew_owned": queries.renew_owned(t, identity=IDENTITY, lease_until=LEASE, now=NOW),
         "owns": queries.owns(t, identity=IDENTITY, at=NOW, lock=True),
         "settle_owned": queries.settle_owned(t, identity=IDENTITY, settlement=Completed(NOW)),
+        "settle_many_owned": _settle_many(store),
         "due": queries.due(t, now=NOW, pending_before=NOW, limit=100),
         "exhaust": queries.exhaust(t, identity=IDENTITY, at=NOW, error="HTTP 400"),
         "due_exhaustions": queries.due_exhaustions(t, limit=100, after=("news", 5), bots=None),
@@ -173,6 +183,7 @@ KEYED = (
     "renew_owned",
     "owns",
     "settle_owned",
+    "settle_many_owned",
     "exhaust",
     "acknowledge_exhaustion",
     "park",

@@ -177,6 +177,12 @@ def test_normalise_url_refuses_other_databases_and_drivers(url: str) -> None:
         normalise_url(url)
 
 
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory"])
+async def test_an_in_memory_sqlite_database_is_refused_naming_why(url: str) -> None:
+    with pytest.raises(ValueError, match="loses every recorded update"):
+        await open_store(url)
+
+
 async def test_unreachable_postgres_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable):
         await open_store("postgresql://postgres@127.0.0.1:1/test")

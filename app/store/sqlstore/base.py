@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Sequence
 
 from app.store import events, queries, validate
+from app.store.engine import translated_errors
 from app.store.sqlstore.core import (
     SqlCore,
     check_bots,
@@ -47,8 +48,9 @@ class BaseMethods(SqlCore):
                 raise ValueError(f"row {row!r} is not a NewUpdate")
         if not rows:
             return set()
-        async with self._write() as connection:
-            added = await self._backend.add_many(connection, rows)
+        with translated_errors(self.table.name):
+            added = await self._backend.add_many(rows)
+        assert added is not None  # no guard
         return {(row.bot, row.update_id) for row in added}
 
     async def claim(

@@ -173,6 +173,7 @@ class SqlCore:
         return self._backend.name
 
     async def close(self) -> None:
+        await self._backend.close()
         await self.engine.dispose()
 
     async def refresh_capability(self) -> Capability:

@@ -58,8 +58,8 @@ class FencedMethods(BaseMethods):
             max_attempts=validate.attempts("max_attempts", max_attempts),
             durable_exhaustion=durable_exhaustion,
         )
-        async with self._write() as connection:
-            rows = await self._backend.claim_recorded(connection, statement, now, durable=durable)
+        with translated_errors(self.table.name):
+            rows = await self._backend.claim_recorded(statement, now, durable=durable)
         if not rows or rows[0].state != "processing":
             return None
         return ClaimIdentity(bot, update_id, rows[0].attempts, rows[0].claim_id)
@@ -92,9 +92,8 @@ class FencedMethods(BaseMethods):
             "limit": validate.positive("limit", limit),
             "window": window,
         }
-        async with self._write() as connection:
+        with translated_errors(self.table.name):
             rows = await self._backend.claim_next_owned(
-                connection,
                 self.table,
                 numbers,
                 ordering=ordering,
@@ -231,8 +230,8 @@ class FencedMethods(BaseMethods):
             raise ValueError(f"keys {sorted(k for k in keys if keys.count(k) > 1)} repeat")
         if not checked:
             return []
-        async with self._write() as connection:
-            settled = await self._backend.settle_many_owned(connection, self.table, checked)
+        with translated_errors(self.table.name):
+            settled = await self._backend.settle_many_owned(self.table, checked)
         if waiting is not None:
             waiting.update(key for key, chat_waits in settled.items() if chat_waits)
         outcomes: list[bool | None] = []

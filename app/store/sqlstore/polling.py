@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import Table
 
 from app.store import polling, validate
+from app.store.engine import translated_errors
 from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.sqlstore.core import check_lease
 from app.store.sqlstore.events import EventMethods
@@ -54,11 +55,9 @@ class PollingMethods(EventMethods):
             if not isinstance(row, NewUpdate) or row.bot != bot:
                 raise ValueError(f"row {row!r} is not a NewUpdate of bot {bot!r}")
         statement = polling.advance(table, bot=bot, holder=holder, now=now, offset=offset)
-        async with self.transaction() as connection:
-            if (await connection.execute(statement)).first() is None:
-                return None
-            added = await self._backend.add_many(connection, rows) if rows else []
-        return {(row.bot, row.update_id) for row in added}
+        with translated_errors(self.table.name):
+            added = await self._backend.add_many(rows, guard=statement)
+        return None if added is None else {(row.bot, row.update_id) for row in added}
 
     async def release_poller(self, bot: str, *, holder: str) -> bool:
         """Give up the lease (a stopping process), so another takes over at once."""
