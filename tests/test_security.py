@@ -24,7 +24,7 @@ SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|LISTEN|NOT
                  r"PRAGMA|GRANT|COMMENT|WITH|SET|LOCK|TRUNCATE|ANALYZE|VACUUM)\b")  # fmt: skip
 # Every place that formats SQL text, and why what it interpolates cannot be input.
 REVIEWED = {
-    ("app/store/sqlite.py", "_on_connect"): "a constant (the busy timeout)",
+    ("app/store/sqlite.py", "set_up"): "a constant (the busy timeout)",
     ("app/store/sqlite.py", "_on_begin"): "a begin mode checked against two literals first",
     ("alembic/versions/0002_claim_fence.py", "upgrade"): "the table name, which "
     "make_metadata validated (validate.table_name) in alembic/env.py before any revision ran",

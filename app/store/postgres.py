@@ -58,14 +58,14 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import table as catalog_view
-from sqlalchemy.dialects.postgresql import ARRAY, OID, insert
+from sqlalchemy.dialects.postgresql import ARRAY, OID
 from sqlalchemy.engine import URL, CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ClauseElement
 
 from app.store import events, history, queries
-from app.store.backend import Backend, History, Numbers
+from app.store.backend import Backend, ClaimShapes, History, Numbers
 from app.store.predicates import live, matches
 from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
 
@@ -213,19 +213,7 @@ def add(t: Table, channel: str | None = None) -> Any:
 
     With `channel`, the statement also NOTIFYs it when it added a row: workers in other
     processes wake at the commit, with no round trip of its own."""
-    columns = queries.ADD_COLUMNS
-    batch = _unnest(columns)
-    # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
-    source = select(
-        *(batch.c[name] for name in columns),
-        literal_column("'pending'"),
-        literal_column("0"),
-        batch.c.received_at,
-    )
-    names = [*columns, "state", "attempts", "due_at"]
-    statement = insert(t).from_select(names, source)
-    statement = statement.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
-    added = statement.returning(t.c.bot, t.c.update_id)
+    added = queries.add_many(t, _unnest(queries.ADD_COLUMNS), "postgresql")
     if channel is None:
         return added
     # pg_notify runs per new row; PostgreSQL sends one notification per transaction.
@@ -357,7 +345,7 @@ class PostgresBackend(Backend):
         self.write_lock = self.read_lock = asyncio.Semaphore(engine.pool.size())  # type: ignore[attr-defined]
         self._channel = ""
         self._compiled: dict[str, Compiled] = {}
-        self._claims: dict[tuple[Any, ...], Compiled] = {}
+        self._claims = ClaimShapes(self._claim_sql)
         self._history: History | None = None
 
     def prepare(
@@ -377,7 +365,10 @@ class PostgresBackend(Backend):
                 table, identity=None, at=bindparam("at", type_=BigInteger), lock=False
             )
         self._compiled = {name: self._driver_sql(s) for name, s in statements.items()}
-        self._claims = {}
+        self._claims = ClaimShapes(self._claim_sql)
+
+    def _claim_sql(self, statement: ClauseElement) -> Compiled:
+        return self._driver_sql(statement, expanded=True)
 
     def _driver_sql(self, statement: ClauseElement, *, expanded: bool = False) -> Compiled:
         """A statement as psycopg's SQL text and its constant parameters, to run many times
@@ -419,32 +410,19 @@ class PostgresBackend(Backend):
         bots: list[str] | None,
         durable_exhaustion: bool,
     ) -> Sequence[Row[Any]]:
-        # Compiled once per shape (a dispatcher claims for the same bots over and over):
-        # building and compiling it each time cost a fifth of a claim's time in the worker.
-        key = (ordering, None if bots is None else tuple(bots), durable_exhaustion)
-        compiled = self._claims.get(key)
-        if compiled is None:
-            if len(self._claims) >= 64:  # shapes are few; callers listing ever new bots are not
-                self._claims.clear()
-            claim = queries.claim_next_owned(
-                table,
-                now=bindparam("now", 0, BigInteger),
-                lease_until=bindparam("lease_until", 0, BigInteger),
-                max_attempts=bindparam("max_attempts", 0, Integer),
-                limit=bindparam("limit", 0, Integer),
-                window=bindparam("window", 0, Integer),
-                ordering=ordering,
-                bots=bots,
-                durable_exhaustion=durable_exhaustion,
-                lateral=True,
-            )
-            statement = self._recorded(
+        compiled = self._claims.get(
+            table,
+            ordering=ordering,
+            bots=bots,
+            durable_exhaustion=durable_exhaustion,
+            lateral=True,
+            record=lambda claim: self._recorded(
                 claim,
                 now=bindparam("now", 0, BigInteger),
                 worker=bindparam("worker", "", Text),
                 durable=durable_exhaustion,
-            )
-            compiled = self._claims[key] = self._driver_sql(statement, expanded=True)
+            ),
+        )
         values: dict[str, Any] = dict(numbers)
         if self._history is not None:
             values["worker"] = self._history.worker

@@ -18,6 +18,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     ColumnElement,
+    Insert,
     Integer,
     Select,
     Table,
@@ -31,12 +32,14 @@ from sqlalchemy import (
     false,
     func,
     literal,
+    literal_column,
     select,
     true,
     tuple_,
     union_all,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.expression import FromClause
 
@@ -83,6 +86,25 @@ ADD_COLUMNS = {
     "queue_key": Text,
     "received_at": BigInteger,
 }
+
+
+def add_many(t: Table, batch: FromClause, dialect: str) -> Insert:
+    """`add_many`'s INSERT of a batch of rows (`batch`, a derived table of ADD_COLUMNS: each
+    backend's own) as pending: existing keys are skipped (duplicates within the batch too, the
+    first one kept); RETURNING names the keys that were new."""
+    columns = ADD_COLUMNS
+    # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
+    source = select(
+        *(batch.c[name] for name in columns),
+        literal_column("'pending'"),
+        literal_column("0"),
+        batch.c.received_at,
+    ).where(true())  # SQLite reads ON CONFLICT after a SELECT with no WHERE as a join's ON
+    names = [*columns, "state", "attempts", "due_at"]
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(t).from_select(names, source)
+    statement = statement.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
+    return statement.returning(t.c.bot, t.c.update_id)
 
 
 def claim(

@@ -25,10 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Engine,
     Insert,
-    Integer,
     Row,
     Table,
     Text,
@@ -38,20 +36,17 @@ from sqlalchemy import (
     delete,
     event,
     func,
-    literal_column,
     select,
-    true,
     type_coerce,
     update,
 )
-from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.expression import FromClause
 
 from app.store import events, history, queries
-from app.store.backend import Backend, History, Numbers
+from app.store.backend import Backend, ClaimShapes, History, Numbers
 from app.store.history import ended_many
 from app.store.predicates import identity_is, in_state
 from app.store.sqlite_writer import Prepared, Result, Transaction, Writer
@@ -157,19 +152,7 @@ def add(t: Table) -> Insert:
     """`add_many`'s INSERT over json_each() of the rows (`json_batch`): new keys as pending,
     existing ones skipped (duplicates within the batch too, the first one kept); RETURNING
     names the keys that were new."""
-    columns = queries.ADD_COLUMNS
-    batch = _json_batch(columns)
-    # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
-    source = select(
-        *(batch.c[name] for name in columns),
-        literal_column("'pending'"),
-        literal_column("0"),
-        batch.c.received_at,
-    ).where(true())  # SQLite reads ON CONFLICT after a SELECT with no WHERE as a join's ON
-    names = [*columns, "state", "attempts", "due_at"]
-    statement = insert(t).from_select(names, source)
-    statement = statement.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
-    return statement.returning(t.c.bot, t.c.update_id)
+    return queries.add_many(t, _json_batch(queries.ADD_COLUMNS), "sqlite")
 
 
 def add_rows(rows: Sequence[NewUpdate]) -> dict[str, str]:
@@ -237,7 +220,7 @@ class SqliteBackend(Backend):
         self.read_lock = nullcontext()
         self._writer = Writer(_connector(engine))
         self._add: Prepared | None = None
-        self._claims: dict[tuple[Any, ...], Prepared] = {}
+        self._claims = ClaimShapes(Prepared.of)
         self._history: History | None = None
         self._started: Prepared | None = None
         self._settle: Prepared | None = None
@@ -247,7 +230,7 @@ class SqliteBackend(Backend):
         self, table: Table, channel: str, history: History | None, outbox: Table | None
     ) -> None:
         self._add = Prepared.of(add(table))
-        self._claims = {}
+        self._claims = ClaimShapes(Prepared.of)
         self._history = history
         self._started = None if history is None else Prepared.of(history_insert(history.attempts))
         self._outbox = outbox
@@ -300,28 +283,13 @@ class SqliteBackend(Backend):
         bots: list[str] | None,
         durable_exhaustion: bool,
     ) -> Sequence[Any]:
-        # Compiled once per shape, its numbers bound at each run: building the chat-ordered
-        # statement costs milliseconds of Python, more than SQLite takes to run it.
-        key = (ordering, None if bots is None else tuple(bots), durable_exhaustion)
-        statement = self._claims.get(key)
-        if statement is None:
-            if len(self._claims) >= 64:  # shapes are few; callers listing ever new bots are not
-                self._claims.clear()
-            statement = self._claims[key] = Prepared.of(
-                queries.claim_next_owned(
-                    table,
-                    now=bindparam("now", 0, BigInteger),
-                    lease_until=bindparam("lease_until", 0, BigInteger),
-                    max_attempts=bindparam("max_attempts", 0, Integer),
-                    limit=bindparam("limit", 0, Integer),
-                    window=bindparam("window", 0, Integer),
-                    ordering=ordering,
-                    bots=bots,
-                    durable_exhaustion=durable_exhaustion,
-                    lateral=False,
-                )
-            )
-        claim = statement
+        claim = self._claims.get(
+            table,
+            ordering=ordering,
+            bots=bots,
+            durable_exhaustion=durable_exhaustion,
+            lateral=False,
+        )
 
         def work(transaction: Transaction) -> Sequence[Any]:
             rows = transaction.execute(claim, numbers)

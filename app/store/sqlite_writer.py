@@ -17,6 +17,7 @@ its busy timeout. The writer's connection is set up as the engine's are (`app.st
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
@@ -63,7 +64,6 @@ class Transaction:
 
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._connection = connection
-        self._rows: dict[tuple[str, ...], type] = {}  # a row type per set of column names
 
     def execute(
         self, statement: Prepared | ClauseElement, values: Mapping[str, Any] | None = None
@@ -78,10 +78,7 @@ class Transaction:
             raise _wrapped(error, prepared.sql, parameters) from error
         if cursor.description is None:
             return []
-        names = tuple(column[0] for column in cursor.description)
-        kind = self._rows.get(names)
-        if kind is None:
-            kind = self._rows[names] = namedtuple("Row", names, rename=True)
+        kind = _row_type(tuple(column[0] for column in cursor.description))
         return [kind(*row) for row in rows]
 
     def execute_many(self, statement: Prepared, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -137,6 +134,12 @@ class Writer:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+@functools.cache
+def _row_type(names: tuple[str, ...]) -> type:
+    """A row type for these column names (the statements are few, so their shapes are)."""
+    return namedtuple("Row", names, rename=True)
 
 
 def _wrapped(error: sqlite3.Error, sql: str, parameters: Any) -> exc.StatementError:
