@@ -37,7 +37,9 @@ DIALECT = sqlite_dialect.dialect(paramstyle="qmark")
 @dataclass(frozen=True)
 class Prepared:
     """A statement compiled once to SQLite's SQL: its text, the names of its positional
-    parameters in order, and the values of those the statement fixes itself."""
+    parameters in order, and the values of those the statement fixes itself. Values go to the
+    driver as they are, with no type's bind processing: the statements it serves bind
+    integers, text and None only."""
 
     sql: str
     names: tuple[str, ...]
