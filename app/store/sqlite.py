@@ -2,10 +2,14 @@
 
 - Engines: WAL with `synchronous=FULL` (an acknowledged commit survives a power cut), a busy
   timeout, and write transactions that take the write lock up front (`BEGIN IMMEDIATE`), so
-  two writers never deadlock upgrading read locks. Reads begin DEFERRED.
-- Locking: the process queues its writers on one `asyncio.Lock`, which beats spinning in the
-  busy timeout; an in-memory database is one shared connection, so its reads queue there too.
-- Batches are local statements in one transaction: the cost is its single commit.
+  two writers never deadlock upgrading read locks. Reads begin DEFERRED. A file only: an
+  in-memory database would lose every update at exit, and is refused.
+- The writes run most often (the batch insert, the claims, the batch settle) run whole on
+  the writer's thread in one hand-off (`app.store.sqlite_writer`); the others go through
+  the engine. The process queues both kinds of writer on one `asyncio.Lock`, which beats
+  spinning in the busy timeout.
+- Batches are one statement over `json_each()` of one JSON array, as PostgreSQL's are over
+  `unnest()` of parameter arrays.
 - The clock is this host's (the file is here), and there are no notifications: a worker in
   another process than the intake finds new rows by polling.
 - `fencing.owns_in_transaction` (a downstream's own transaction) is a no-op write of the
