@@ -518,22 +518,17 @@ class PostgresBackend(Backend):
     async def settle_many_owned(
         self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
     ) -> dict[tuple[str, int], bool | None]:
-        async with self.write() as connection:
-            return await self._settle_many(connection, items)
-
-    async def _settle_many(
-        self, connection: AsyncConnection, items: Sequence[tuple[ClaimIdentity, Settlement]]
-    ) -> dict[tuple[str, int], bool | None]:
         arrays = settle_many_parameters(items)
-        result = await self._execute(connection, self._compiled["settle_many_owned"], arrays)
-        settled: dict[tuple[str, int], bool | None] = {
-            (row.bot, row.update_id): bool(row.waiting) for row in result.all()
-        }
-        unsettled = [item for item in items if (item[0].bot, item[0].update_id) not in settled]
-        if unsettled:  # refused, or skipped because locked: tell them apart
-            arrays = settle_many_parameters(unsettled)
-            busy = await self._execute(connection, self._compiled["busy_owned"], arrays)
-            settled.update({(row.bot, row.update_id): None for row in busy.all()})
+        async with self.write() as connection:
+            result = await self._execute(connection, self._compiled["settle_many_owned"], arrays)
+            settled: dict[tuple[str, int], bool | None] = {
+                (row.bot, row.update_id): bool(row.waiting) for row in result.all()
+            }
+            unsettled = [i for i in items if (i[0].bot, i[0].update_id) not in settled]
+            if unsettled:  # refused, or skipped because locked: tell them apart
+                arrays = settle_many_parameters(unsettled)
+                busy = await self._execute(connection, self._compiled["busy_owned"], arrays)
+                settled.update({(row.bot, row.update_id): None for row in busy.all()})
         return settled
 
     async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
