@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import time
 from datetime import UTC, datetime
@@ -128,7 +129,9 @@ def _fake_bot_api(_settings: Settings, args: argparse.Namespace) -> int:
     from app.fake_bot_api import FakeBotApi
 
     fake = FakeBotApi(args.token)
-    base = f"http://{args.host}:{args.port}"
+    # Listening before the hints are printed: a client that follows them at once connects.
+    listening = socket.create_server((args.host, args.port))
+    base = f"http://{args.host}:{listening.getsockname()[1]}"
     update = '[{"update_id": 1, "message": {"message_id": 1, "date": 0, '
     update += '"chat": {"id": 42, "type": "private"}, "text": "hello"}}]'
     print(
@@ -139,7 +142,8 @@ def _fake_bot_api(_settings: Settings, args: argparse.Namespace) -> int:
         sep="\n",
         flush=True,
     )
-    uvicorn.run(fake.app(), host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(fake.app(), log_level="warning"))
+    server.run(sockets=[listening])
     return 0
 
 
