@@ -30,6 +30,7 @@ class Batcher(Generic[Item, Result]):
         # In arrival order, by future: a caller that gives up takes its item out at once, so
         # nothing it handed in stays held while it waits for a flush.
         self._waiting: dict[asyncio.Future[Result], Item] = {}
+        self._callers = 0  # in `submit`: waiting, in a flush, or not yet resumed after it
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
@@ -58,10 +59,12 @@ class Batcher(Generic[Item, Result]):
             raise Closed("shutting down")
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting[future] = item
+        self._callers += 1
         self._wake.set()
         try:
             return await future
         finally:
+            self._callers -= 1
             self._waiting.pop(future, None)  # still waiting: the caller gave up (cancelled)
             # A failure's traceback holds this frame; without the future in it there is no
             # cycle, and the item is freed as soon as the caller is done with it.

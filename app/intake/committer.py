@@ -1,10 +1,10 @@
 """Group commit: concurrent webhook requests share one INSERT and one commit.
 
-Each request hands its row to `submit` and waits. A flusher takes everything waiting (up to
-`max_batch` rows), records it with one `add_many`, and answers every request of the batch only
-after that commit. While a commit is in flight the next batch gathers by itself, so under load
-batches grow and commits per second stay flat; alone, a request waits for one commit only
-(plus `max_wait`, default 0).
+Each request hands its row to `submit` and waits. A flusher takes what is waiting (up to
+`max_batch` rows, and at most half the requests in the committer), records it with one
+`add_many`, and answers every request of the batch only after that commit. While a commit is
+in flight the next batch gathers by itself, so under load batches grow and commits per second
+stay flat; alone, a request waits for one commit only (plus `max_wait`, default 0).
 
 Two promises hold whatever the database does:
 - A request's budget (`timeout`) runs from its own arrival, however long it queued behind a
@@ -84,11 +84,16 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
         # Rows up to MAX_BATCH_BYTES of body (one row at least): the insert's parameters, and
         # the driver's buffers that grow to the largest statement sent and stay so, are
         # bounded by it, not by max_batch rows of the largest body.
+        # And at most half the requests in the committer: the other half is answered and
+        # the next requests read while this batch commits. Taking them all, the server falls
+        # into lopsided turns (a batch of 62 requests, then one of 2, over and over), and its
+        # event loop waits for the big batch's commit with nothing to do.
+        limit = min(self._max_batch, (self._callers + 1) // 2)
         taken: list[asyncio.Future[bool]] = []
         size = 0
         for future, row in self._waiting.items():
             size += len(row.body)
-            if len(taken) == self._max_batch or (taken and size > MAX_BATCH_BYTES):
+            if len(taken) >= limit or (taken and size > MAX_BATCH_BYTES):
                 break
             taken.append(future)
         return taken

@@ -214,6 +214,7 @@ def add(t: Table, channel: str | None = None) -> Any:
     With `channel`, the statement also NOTIFYs it when it added a row: workers in other
     processes wake at the commit, with no round trip of its own."""
     added = queries.add_many(t, _unnest(queries.ADD_COLUMNS), "postgresql")
+    added = added.returning(t.c.bot, t.c.update_id)
     if channel is None:
         return added
     # pg_notify runs per new row; PostgreSQL sends one notification per transaction.

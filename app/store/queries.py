@@ -78,9 +78,9 @@ def unpaused(t: Table) -> ColumnElement[bool]:
     return true() if bots is None else ~control.paused(t, bots)
 
 
+KEY_COLUMNS = {"bot": Text, "update_id": BigInteger}
 ADD_COLUMNS = {
-    "bot": Text,
-    "update_id": BigInteger,
+    **KEY_COLUMNS,  # first: a batch's derived table of the keys alone reads the same rows
     "body": Text,
     "update_type": Text,
     "queue_key": Text,
@@ -91,7 +91,8 @@ ADD_COLUMNS = {
 def add_many(t: Table, batch: FromClause, dialect: str) -> Insert:
     """`add_many`'s INSERT of a batch of rows (`batch`, a derived table of ADD_COLUMNS: each
     backend's own) as pending: existing keys are skipped (duplicates within the batch too, the
-    first one kept); RETURNING names the keys that were new."""
+    first one kept). Which keys were new, each backend tells its own way: PostgreSQL by
+    RETURNING, SQLite by `recorded` before it."""
     columns = ADD_COLUMNS
     # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
     source = select(
@@ -103,8 +104,14 @@ def add_many(t: Table, batch: FromClause, dialect: str) -> Insert:
     names = [*columns, "state", "attempts", "due_at"]
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     statement = insert(t).from_select(names, source)
-    statement = statement.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
-    return statement.returning(t.c.bot, t.c.update_id)
+    return statement.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
+
+
+def recorded(t: Table, batch: FromClause) -> Select[Any]:
+    """The keys of a batch (`batch`, a derived table of KEY_COLUMNS) already recorded: one
+    primary-key lookup per row of the batch."""
+    on = and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id)
+    return select(t.c.bot, t.c.update_id).select_from(batch.join(t, on))
 
 
 def claim(

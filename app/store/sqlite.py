@@ -32,6 +32,7 @@ from sqlalchemy import (
     Engine,
     Insert,
     Row,
+    Select,
     Table,
     Text,
     Update,
@@ -154,9 +155,14 @@ def _use_wal(cursor: Any) -> None:
 
 def add(t: Table) -> Insert:
     """`add_many`'s INSERT over json_each() of the rows (`json_batch`): new keys as pending,
-    existing ones skipped (duplicates within the batch too, the first one kept); RETURNING
-    names the keys that were new."""
+    existing ones skipped (duplicates within the batch too, the first one kept). It returns
+    nothing: `recorded`, run before it in the same transaction, tells which keys were new."""
     return queries.add_many(t, _json_batch(queries.ADD_COLUMNS), "sqlite")
+
+
+def recorded(t: Table) -> Select[Any]:
+    """The keys of `add`'s rows (the same parameter) that are recorded already."""
+    return queries.recorded(t, _json_batch(queries.KEY_COLUMNS))
 
 
 def add_rows(rows: Sequence[NewUpdate]) -> dict[str, str]:
@@ -224,6 +230,7 @@ class SqliteBackend(Backend):
         self.read_lock = nullcontext()
         self._writer = Writer(_connector(engine))
         self._add: Prepared | None = None
+        self._recorded: Prepared | None = None
         self._claims = ClaimShapes(Prepared.of)
         self._history: History | None = None
         self._started: Prepared | None = None
@@ -234,6 +241,7 @@ class SqliteBackend(Backend):
         self, table: Table, channel: str, history: History | None, outbox: Table | None
     ) -> None:
         self._add = Prepared.of(add(table))
+        self._recorded = Prepared.of(recorded(table))
         self._claims = ClaimShapes(Prepared.of)
         self._history = history
         self._started = None if history is None else Prepared.of(history_insert(history.attempts))
@@ -268,13 +276,22 @@ class SqliteBackend(Backend):
     async def add_many(
         self, rows: Sequence[NewUpdate], *, guard: Update | None = None
     ) -> Sequence[Any] | None:
-        statement, batch = self._add, add_rows(rows)
+        statement, recorded, batch = self._add, self._recorded, add_rows(rows)
         assert statement is not None, "prepare() first"
+        assert recorded is not None
 
         def work(transaction: Transaction) -> Sequence[Any] | None:
             if guard is not None and not transaction.execute(guard):
                 return None
-            return transaction.execute(statement, batch) if rows else []
+            if not rows:
+                return []
+            # The keys already there, then the insert: BEGIN IMMEDIATE holds the write lock,
+            # so none can be added in between. Not RETURNING: each row it returns is a step of
+            # the driver's own, and each step hands the GIL back and waits to take it again.
+            # Four steps whatever the batch keep the event loop from waiting on this thread.
+            there = {(row.bot, row.update_id) for row in transaction.execute(recorded, batch)}
+            transaction.execute(statement, batch)
+            return [row for row in rows if (row.bot, row.update_id) not in there]
 
         return await self._write_whole(work)
 

@@ -51,6 +51,25 @@ async def test_requests_arriving_during_a_commit_share_the_next_one() -> None:
     assert sorted(n for batch in store.batches for n in batch) == list(range(100))
 
 
+async def test_a_batch_takes_at_most_half_the_requests_waiting() -> None:
+    # The other half is answered and read again while the batch commits: taking them all,
+    # a busy server falls into turns of one big batch and one tiny one.
+    store = FakeStore(delay=0.05)
+    committer = await started(store)
+    await asyncio.gather(*(committer.submit(row(n)) for n in range(64)))
+    await committer.stop()
+    assert [len(batch) for batch in store.batches[:2]] == [32, 32]
+    assert sorted(n for batch in store.batches for n in batch) == list(range(64))
+
+
+async def test_a_request_alone_is_committed_alone_at_once() -> None:
+    store = FakeStore(delay=0.01)
+    committer = await started(store)
+    assert await committer.submit(row(1)) is True
+    await committer.stop()
+    assert store.batches == [[1]]
+
+
 async def test_batches_never_exceed_max_batch() -> None:
     store = FakeStore(delay=0.01)
     committer = await started(store, max_batch=7)
@@ -184,7 +203,9 @@ async def test_rows_in_a_hung_insert_stay_counted_until_it_ends() -> None:
     committer = await started(store, timeout=0.1)
     outcomes = await asyncio.gather(*(answered_within(committer, n) for n in range(1, 5)))
     assert all(isinstance(outcome, CommitFailed) for outcome, _ in outcomes)
-    assert committer.pending_bytes == 4 * size  # still held by the insert in flight
+    [hung] = store.batches  # half the four; the other two gave up before a flush took them
+    assert len(hung) == 2
+    assert committer.pending_bytes == len(hung) * size  # still held by the insert in flight
     await asyncio.sleep(0.6)
     assert committer.pending_bytes == 0
     await committer.stop()

@@ -30,12 +30,17 @@ LEASE = NOW + 60_000
 IDENTITY = ClaimIdentity("shop", 1_000_002, 1, "0f0e0d0c-0b0a-4908-8706-050403020100")
 
 
-def _add(store: SqlUpdateStore) -> tuple[Any, dict[str, Any]]:
-    """The batch insert as each backend runs it, for one row."""
+def _add(store: SqlUpdateStore) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """The batch insert as each backend runs it, for one row; on SQLite, with the lookup of
+    the batch's keys already recorded that runs before it."""
     rows = [NewUpdate("shop", 5, "{}", NOW)]
     if store.dialect == "postgresql":
-        return postgres.add(store.table), postgres.add_arrays(rows)
-    return sqlite.add(store.table), sqlite.add_rows(rows)
+        return {"add": (postgres.add(store.table), postgres.add_arrays(rows))}
+    batch = sqlite.add_rows(rows)
+    return {
+        "add": (sqlite.add(store.table), batch),
+        "recorded": (sqlite.recorded(store.table), batch),
+    }
 
 
 def _settle_many(store: SqlUpdateStore) -> tuple[Any, dict[str, Any]]:
@@ -50,7 +55,7 @@ def _settle_many(store: SqlUpdateStore) -> tuple[Any, dict[str, Any]]:
 def statements(store: SqlUpdateStore) -> dict[str, Any]:
     t = store.table
     return {
-        "add": _add(store),
+        **_add(store),
         "claim": queries.claim(
             t,
             bot="shop",
@@ -178,6 +183,7 @@ def scans(plan: list[str], dialect: str) -> list[str]:
 
 # Statements on one key: they must find it by the primary key, never walk a range of leases.
 KEYED = (
+    "recorded",
     "claim",
     "claim_owned",
     "renew_owned",
