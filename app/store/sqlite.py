@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Engine,
     Insert,
     Row,
@@ -41,6 +42,7 @@ from sqlalchemy import (
     delete,
     event,
     func,
+    literal_column,
     select,
     type_coerce,
     update,
@@ -156,13 +158,19 @@ def _use_wal(cursor: Any) -> None:
 def add(t: Table) -> Insert:
     """`add_many`'s INSERT over json_each() of the rows (`json_batch`): new keys as pending,
     existing ones skipped (duplicates within the batch too, the first one kept). It returns
-    nothing: `recorded`, run before it in the same transaction, tells which keys were new."""
+    nothing (each row RETURNING gave was a step of the driver's own): the count it inserted
+    tells when every key was new, and `inserted` which ones when some were not."""
     return queries.add_many(t, _json_batch(queries.ADD_COLUMNS), "sqlite")
 
 
-def recorded(t: Table) -> Select[Any]:
-    """The keys of `add`'s rows (the same parameter) that are recorded already."""
-    return queries.recorded(t, _json_batch(queries.KEY_COLUMNS))
+def inserted(t: Table) -> Select[Any]:
+    """The keys of `add`'s rows (the same parameter) whose rows have a rowid above `after`.
+    SQLite gives a new row the rowid one above the table's largest, so the rows one INSERT adds
+    (holding the write lock) are the last `count` rowids up to `last_insert_rowid()`: with
+    `after` their first minus one, these are the keys the INSERT recorded."""
+    rowid = literal_column(f"{t.name}.rowid", BigInteger)
+    after = bindparam("after", type_=BigInteger)
+    return queries.recorded(t, _json_batch(queries.KEY_COLUMNS)).where(rowid > after)
 
 
 def add_rows(rows: Sequence[NewUpdate]) -> dict[str, str]:
@@ -230,7 +238,7 @@ class SqliteBackend(Backend):
         self.read_lock = nullcontext()
         self._writer = Writer(_connector(engine))
         self._add: Prepared | None = None
-        self._recorded: Prepared | None = None
+        self._inserted: Prepared | None = None
         self._claims = ClaimShapes(Prepared.of)
         self._history: History | None = None
         self._started: Prepared | None = None
@@ -241,7 +249,7 @@ class SqliteBackend(Backend):
         self, table: Table, channel: str, history: History | None, outbox: Table | None
     ) -> None:
         self._add = Prepared.of(add(table))
-        self._recorded = Prepared.of(recorded(table))
+        self._inserted = Prepared.of(inserted(table))
         self._claims = ClaimShapes(Prepared.of)
         self._history = history
         self._started = None if history is None else Prepared.of(history_insert(history.attempts))
@@ -276,24 +284,31 @@ class SqliteBackend(Backend):
     async def add_many(
         self, rows: Sequence[NewUpdate], *, guard: Update | None = None
     ) -> Sequence[Any] | None:
-        statement, recorded, batch = self._add, self._recorded, add_rows(rows)
+        statement, inserted, batch = self._add, self._inserted, add_rows(rows)
         assert statement is not None, "prepare() first"
-        assert recorded is not None
+        assert inserted is not None
 
         def work(transaction: Transaction) -> Sequence[Any] | None:
             if guard is not None and not transaction.execute(guard):
                 return None
             if not rows:
                 return []
-            # The keys already there, then the insert: BEGIN IMMEDIATE holds the write lock,
-            # so none can be added in between. Not RETURNING: each row it returns is a step of
-            # the driver's own, and each step hands the GIL back and waits to take it again.
-            # Four steps whatever the batch keep the event loop from waiting on this thread.
-            there = {(row.bot, row.update_id) for row in transaction.execute(recorded, batch)}
-            transaction.execute(statement, batch)
-            return [row for row in rows if (row.bot, row.update_id) not in there]
+            # Few steps of the driver whatever the batch: at each the writer's thread hands
+            # the GIL back and must take it again from the busy event loop.
+            count, last = transaction.insert(statement, batch)
+            keys = {(row.bot, row.update_id) for row in rows}
+            if count == len(keys):
+                return rows  # every key new: the common case, one step
+            if not count:
+                return []
+            found = transaction.execute(inserted, {**batch, "after": last - count})
+            new = {(row.bot, row.update_id) for row in found}
+            return [row for row in rows if (row.bot, row.update_id) in new]
 
-        return await self._write_whole(work)
+        if guard is not None:  # the guard and the insert commit together, or neither does
+            return await self._write_whole(work)
+        async with self.write_lock:
+            return await self._writer.run_each(work)
 
     async def claim_next_owned(
         self,

@@ -68,7 +68,8 @@ class Prepared:
 
 
 class Transaction:
-    """What a writer's function runs its statements with, inside BEGIN IMMEDIATE."""
+    """What a writer's function runs its statements with: inside BEGIN IMMEDIATE (`run`), or
+    each statement its own transaction (`run_each`)."""
 
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._connection = connection
@@ -88,6 +89,16 @@ class Transaction:
             return []
         kind = _row_type(tuple(column[0] for column in cursor.description))
         return [kind(*row) for row in rows]
+
+    def insert(self, statement: Prepared, values: Mapping[str, Any]) -> tuple[int, int]:
+        """Run one INSERT (without RETURNING): the rows it inserted, and the rowid of the last
+        of them (SQLite's `last_insert_rowid()`, stale when it inserted none)."""
+        parameters = statement.parameters(values)
+        try:
+            cursor = self._connection.execute(statement.sql, parameters)
+        except sqlite3.Error as error:
+            raise _wrapped(error, statement.sql, parameters) from error
+        return cursor.rowcount, cursor.lastrowid or 0
 
     def execute_many(self, statement: Prepared, rows: Sequence[Mapping[str, Any]]) -> None:
         """Run one statement (without RETURNING) once for each of `rows`."""
@@ -113,6 +124,17 @@ class Writer:
         it raises. Cancelled, the transaction still runs to its end on the writer's thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, self._transaction, work)
+
+    async def run_each(self, work: Callable[[Transaction], Result]) -> Result:
+        """Run `work` with each statement its own transaction (SQLite's autocommit: a write
+        takes the lock, waiting within the busy timeout, and commits as its one step ends).
+        For a write that needs nothing around it: no BEGIN and COMMIT, each a step of the
+        driver's own."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self._each, work)
+
+    def _each(self, work: Callable[[Transaction], Result]) -> Result:
+        return work(Transaction(self._connect()))
 
     def _transaction(self, work: Callable[[Transaction], Result]) -> Result:
         connection = self._connect()

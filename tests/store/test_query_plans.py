@@ -32,15 +32,13 @@ IDENTITY = ClaimIdentity("shop", 1_000_002, 1, "0f0e0d0c-0b0a-4908-8706-05040302
 
 def _add(store: SqlUpdateStore) -> dict[str, tuple[Any, dict[str, Any]]]:
     """The batch insert as each backend runs it, for one row; on SQLite, with the lookup of
-    the batch's keys already recorded that runs before it."""
+    the keys it inserted that runs after it when some were not new."""
     rows = [NewUpdate("shop", 5, "{}", NOW)]
     if store.dialect == "postgresql":
         return {"add": (postgres.add(store.table), postgres.add_arrays(rows))}
     batch = sqlite.add_rows(rows)
-    return {
-        "add": (sqlite.add(store.table), batch),
-        "recorded": (sqlite.recorded(store.table), batch),
-    }
+    found = (sqlite.inserted(store.table), {**batch, "after": 1_000})
+    return {"add": (sqlite.add(store.table), batch), "inserted": found}
 
 
 def _settle_many(store: SqlUpdateStore) -> tuple[Any, dict[str, Any]]:
@@ -183,7 +181,6 @@ def scans(plan: list[str], dialect: str) -> list[str]:
 
 # Statements on one key: they must find it by the primary key, never walk a range of leases.
 KEYED = (
-    "recorded",
     "claim",
     "claim_owned",
     "renew_owned",
