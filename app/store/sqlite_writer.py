@@ -5,8 +5,11 @@ and close, the fetch, COMMIT, the pool's reset) is a hand-off between its thread
 loop, and each waits for the loop's next turn: about nine for a batch insert. Under load a turn
 of the loop takes milliseconds, so a commit that SQLite does in under one took nine, and the
 intake's group commit, bounded by the commit it waits for, ran at 0.42x of its no-store
-ceiling. The writer runs the whole transaction, BEGIN IMMEDIATE to COMMIT, as one function on
-its own connection and thread: one hand-off whatever the statements.
+ceiling. The writer runs the whole transaction, BEGIN IMMEDIATE to COMMIT (`run`), or a write
+that needs nothing around it as one autocommit statement (`run_each`), as one function on its
+own connection and thread: one hand-off whatever the statements. Inside that function each
+step of the driver still hands the GIL back and must take it again from the event loop, so
+the hot writes keep their steps few (see `SWITCH_INTERVAL`).
 
 It is for the writes run most often (the intake's batch insert, the claim, the batch settle);
 every other method goes through the engine. Both are writers of the same file: the process
