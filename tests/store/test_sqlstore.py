@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from app.store import (
     ClaimIdentity,
@@ -17,6 +18,7 @@ from app.store import (
 )
 from app.store.engine import normalise_url
 from app.store.migrate import upgrade
+from app.store.sqlite import SqliteBackend
 from app.store.sqlstore import base as sqlstore_base
 from tests.conftest import Storage
 
@@ -195,6 +197,12 @@ async def test_sqlite_store_uses_wal_and_full_sync(sqlite_storage: Storage) -> N
             mode = (await connection.exec_driver_sql("PRAGMA journal_mode")).scalar()
             sync = (await connection.exec_driver_sql("PRAGMA synchronous")).scalar()
         assert (mode, sync) == ("wal", 2)  # 2 is FULL
+        # The writer's own connection (the intake's insert, the claims, the batch settle) too.
+        backend = store._backend
+        assert isinstance(backend, SqliteBackend)
+        asked = [text("PRAGMA journal_mode"), text("PRAGMA synchronous")]
+        rows = await backend._writer.run_each(lambda t: [t.execute(q)[0][0] for q in asked])
+        assert rows == ["wal", 2]
     finally:
         await store.close()
 
