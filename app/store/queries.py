@@ -92,7 +92,7 @@ def add_many(t: Table, batch: FromClause, dialect: str) -> Insert:
     """`add_many`'s INSERT of a batch of rows (`batch`, a derived table of ADD_COLUMNS: each
     backend's own) as pending: existing keys are skipped (duplicates within the batch too, the
     first one kept). Which keys were new, each backend tells its own way: PostgreSQL by
-    RETURNING, SQLite by `recorded` before it."""
+    RETURNING, SQLite by the count it inserted (and `sqlite.inserted` when some were not new)."""
     columns = ADD_COLUMNS
     # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
     source = select(

@@ -24,8 +24,9 @@ import functools
 import sqlite3
 import sys
 from collections import namedtuple
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -83,11 +84,9 @@ class Transaction:
         """Run one statement; its rows, each with its columns by name (`row.bot`)."""
         prepared = statement if isinstance(statement, Prepared) else Prepared.of(statement)
         parameters = prepared.parameters(values or {})
-        try:
+        with _as_sqlalchemy(prepared.sql, parameters):
             cursor = self._connection.execute(prepared.sql, parameters)
             rows = cursor.fetchall()
-        except sqlite3.Error as error:
-            raise _wrapped(error, prepared.sql, parameters) from error
         if cursor.description is None:
             return []
         kind = _row_type(tuple(column[0] for column in cursor.description))
@@ -97,19 +96,15 @@ class Transaction:
         """Run one INSERT (without RETURNING): the rows it inserted, and the rowid of the last
         of them (SQLite's `last_insert_rowid()`, stale when it inserted none)."""
         parameters = statement.parameters(values)
-        try:
+        with _as_sqlalchemy(statement.sql, parameters):
             cursor = self._connection.execute(statement.sql, parameters)
-        except sqlite3.Error as error:
-            raise _wrapped(error, statement.sql, parameters) from error
         return cursor.rowcount, cursor.lastrowid or 0
 
     def execute_many(self, statement: Prepared, rows: Sequence[Mapping[str, Any]]) -> None:
         """Run one statement (without RETURNING) once for each of `rows`."""
         parameters = [statement.parameters(row) for row in rows]
-        try:
+        with _as_sqlalchemy(statement.sql, parameters):
             self._connection.executemany(statement.sql, parameters)
-        except sqlite3.Error as error:
-            raise _wrapped(error, statement.sql, parameters) from error
 
 
 class Writer:
@@ -141,10 +136,8 @@ class Writer:
 
     def _transaction(self, work: Callable[[Transaction], Result]) -> Result:
         connection = self._connect()
-        try:
+        with _as_sqlalchemy("BEGIN IMMEDIATE", []):
             connection.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as error:
-            raise _wrapped(error, "BEGIN IMMEDIATE", []) from error
         try:
             result = work(Transaction(connection))
             connection.execute("COMMIT")
@@ -176,6 +169,11 @@ def _row_type(names: tuple[str, ...]) -> type:
     return namedtuple("Row", names, rename=True)
 
 
-def _wrapped(error: sqlite3.Error, sql: str, parameters: Any) -> exc.StatementError:
-    """A driver error as SQLAlchemy wraps it, so the store's translation applies to both."""
-    return exc.DBAPIError.instance(sql, parameters, error, sqlite3.Error)
+@contextmanager
+def _as_sqlalchemy(sql: str, parameters: Any) -> Iterator[None]:
+    """Driver errors raised as SQLAlchemy wraps them, so the store's translation applies to
+    both."""
+    try:
+        yield
+    except sqlite3.Error as error:
+        raise exc.DBAPIError.instance(sql, parameters, error, sqlite3.Error) from error
