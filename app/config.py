@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import ipaddress
 import os
 import re
@@ -186,16 +187,20 @@ class ApiKey(BaseModel):
 
     key: SecretStr
     name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._@+-]{0,63}$")
-    bots: tuple[str, ...] | None = None  # None: every bot
+    # The one scoping rule (docs/security.md): a key limited to some bots reads and acts on
+    # theirs only, in every family of the API and the console. None: every bot.
+    bots: tuple[str, ...] | None = None
     scopes: tuple[Scope, ...] = ("callback", "operations")
 
     @property
     def label(self) -> str:
-        """The key's name in the audit log and the console: never the key itself."""
-        if self.name is not None:
-            return self.name
-        digest = hashlib.sha256(self.key.get_secret_value().encode()).hexdigest()
-        return f"key-{digest[:8]}"
+        """The key's name in the audit log and the console: never the key itself, nor
+        anything from which it could be guessed offline. `Settings` names each unnamed key
+        (`unnamed_label`); a key outside any settings is just "key"."""
+        return self.name if self.name is not None else "key"
+
+    def named(self, label: str) -> ApiKey:
+        return self if self.name is not None else self.model_copy(update={"name": label})
 
     def may(self, scope: Scope) -> bool:
         """Whether this key holds `scope`: `operator` (or `operations`) includes `viewer`."""
@@ -289,9 +294,12 @@ class Settings(BaseSettings, BotOptions):
 
     # The console (/console, SPEC section 10): its session cookies are signed by this secret;
     # without one, by a secret drawn from the API keys (so every process of one configuration
-    # agrees, and changing the keys ends every session). A session lasts this long.
+    # agrees, and changing the keys ends every session). It also names unnamed API keys in
+    # the audit log (an HMAC of the key; without it, by their place in the list). A session
+    # lasts this long from sign-in, and ends sooner after this long without a request.
     console_secret: SecretStr | None = None
     console_session_seconds: int = Field(8 * 3600, ge=60, le=30 * 86_400)
+    console_idle_seconds: int = Field(30 * 60, ge=60, le=30 * 86_400)
 
     # Operational events (SPEC section 9; docs/operations.md): POSTed to operations_url, signed
     # with Standard Webhooks by operations_signing_secret (whsec_...), at least once: a failed
@@ -414,6 +422,11 @@ class Settings(BaseSettings, BotOptions):
         keys = [api_key.key.get_secret_value() for api_key in self.api_keys]
         if len(set(keys)) != len(keys):
             raise ValueError("api_keys: a key appears more than once")
+        named = tuple(
+            api_key.named(unnamed_label(api_key, index, self.console_secret))
+            for index, api_key in enumerate(self.api_keys)
+        )
+        object.__setattr__(self, "api_keys", named)
         labels = [api_key.label for api_key in self.api_keys]
         if len(set(labels)) != len(labels):
             raise ValueError(
@@ -435,6 +448,18 @@ class Settings(BaseSettings, BotOptions):
 
     def bot(self, name: str) -> BotSettings | None:
         return next((bot for bot in self.bots if bot.name == name), None)
+
+
+def unnamed_label(key: ApiKey, index: int, secret: SecretStr | None) -> str:
+    """The audit log's name of an unnamed key: an HMAC of it under `secret` (stable while the
+    secret is), else its place in the list ("key-1"). Never a plain hash of the key, which
+    would let a reader of the audit log test guesses offline."""
+    if secret is None:
+        return f"key-{index + 1}"
+    digest = hmac.new(
+        secret.get_secret_value().encode(), key.key.get_secret_value().encode(), hashlib.sha256
+    )
+    return f"key-{digest.hexdigest()[:12]}"
 
 
 def _check_whsec(value: SecretStr | None) -> SecretStr | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
@@ -320,10 +321,26 @@ def test_viewer_and_operator_scopes_and_key_names(tmp_path: Path) -> None:
     # `operator` includes `viewer`; `operations` is its older name.
     for key in (operator, legacy):
         assert [key.may(s) for s in ("viewer", "operator", "callback")] == [True, True, False]
-    # Without a name, a key is named by a hash of it: never the key, and stable.
-    assert re.fullmatch(r"key-[0-9a-f]{8}", operator.label)
-    assert "operator-key" not in operator.label
-    assert operator.label == Settings().api_keys[1].label != legacy.label
+    # Without a name or a console secret, a key is named by its place in the list: nothing
+    # of the key itself (a plain hash would let a reader of the audit log test guesses).
+    assert (operator.label, legacy.label) == ("key-2", "key-3")
+
+
+def test_unnamed_keys_are_labelled_by_an_hmac_under_the_console_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "intake.toml").write_text(
+        TOML + '[[api_keys]]\nkey = "operator-key.0123456789"\nscopes = ["operator"]\n'
+    )
+    monkeypatch.setenv("INTAKE_CONSOLE_SECRET", "a-console-secret-0123456789")
+    (key,) = Settings().api_keys
+    assert re.fullmatch(r"key-[0-9a-f]{12}", key.label)
+    # Not the plain hash an offline guesser could compute from a candidate key alone.
+    plain = hashlib.sha256(b"operator-key.0123456789").hexdigest()
+    assert plain[:8] not in key.label
+    assert key.label == Settings().api_keys[0].label  # stable while the secret is
+    monkeypatch.setenv("INTAKE_CONSOLE_SECRET", "another-console-secret-0123")
+    assert Settings().api_keys[0].label != key.label
 
 
 def test_operational_events_are_recorded_only_with_a_url_and_its_signing_secret(

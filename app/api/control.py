@@ -450,8 +450,9 @@ async def audit(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> AuditPage:
     """Every operator action, newest first: the key's name, action, target, its filter or
-    reason, the counts, the time."""
-    entries = await grant.services.store.audit_log(after=after, limit=limit)
+    reason, the counts, the time. A key limited to some bots reads only the actions that
+    concern none but them."""
+    entries = await grant.services.store.audit_log(after=after, limit=limit, bots=grant.bots(None))
     items = [
         AuditItem(
             id=entry.id,

@@ -66,11 +66,13 @@ def sessions(request: Request) -> Sessions:
     return found
 
 
-def signed_in(request: Request) -> Session:
-    """The request's session; SignInNeeded without one."""
-    session = sessions(request).of(request)
+async def signed_in(request: Request) -> Session:
+    """The request's session; SignInNeeded without one. Kept on the request for its error
+    page, which shows who is signed in without asking the database again."""
+    session = await sessions(request).of(request, request.app.state.services)
     if session is None:
         raise SignInNeeded
+    request.state.console_session = session
     return session
 
 
@@ -95,7 +97,7 @@ async def read_form(request: Request) -> dict[str, str]:
 async def acting(request: Request) -> tuple[Session, dict[str, str]]:
     """A POSTed action's session and form: its CSRF token must be this session's (403), and
     its key must hold the operator scope (403)."""
-    session = signed_in(request)
+    session = await signed_in(request)
     form = await read_form(request)
     if not Sessions.csrf_matches(session, form.get("csrf")):
         raise HTTPException(403, "this form has expired or did not come from this console")
@@ -106,7 +108,7 @@ async def acting(request: Request) -> tuple[Session, dict[str, str]]:
 
 def error_page(request: Request, status: int, message: str) -> Response:
     templates = request.app.state.console_templates
-    session = sessions(request).of(request)
+    session = getattr(request.state, "console_session", None)
     context = {"status": status, "message": message, "session": session}
     response: Response = templates.TemplateResponse(
         request, "error.html", context, status_code=status

@@ -76,18 +76,18 @@ async def sign_in(request: Request) -> Response:
         response.status_code = 401
         return response
     redirect = RedirectResponse("/console", status_code=303)
-    sessions(request).sign_in(redirect, request, key)
+    await sessions(request).sign_in(redirect, request, key, _services(request))
     return redirect
 
 
 @router.post("/sign-out")
 async def sign_out(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     form = await read_form(request)
     if not sessions(request).csrf_matches(session, form.get("csrf")):
         raise HTTPException(403, "this form has expired or did not come from this console")
     redirect = RedirectResponse("/console/sign-in", status_code=303)
-    sessions(request).sign_out(redirect)
+    await sessions(request).sign_out(redirect, session, _services(request))
     return redirect
 
 
@@ -111,14 +111,14 @@ async def _overview(request: Request, session: Session) -> dict[str, Any]:
 
 @router.get("")
 async def overview(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     return _page(request, "overview.html", session, **await _overview(request, session))
 
 
 @router.get("/overview.part")
 async def overview_part(request: Request) -> Response:
     """The overview's live part, which the page's script fetches again every few seconds."""
-    session = signed_in(request)
+    session = await signed_in(request)
     return _page(request, "overview_part.html", session, **await _overview(request, session))
 
 
@@ -149,7 +149,7 @@ def chart(counts: list[tuple[int, int]], width: int = 240, height: int = 48) -> 
 
 @router.get("/bots")
 async def bots(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     services = _services(request)
     names = _visible(request, session)
     found = await bots_overview(services.store, services.settings, names, services.now())
@@ -217,7 +217,7 @@ def _when(value: str, name: str) -> int | None:
 
 @router.get("/updates")
 async def updates(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     query = {name: request.query_params.get(name, "") for name in SEARCH_FIELDS}
     names = _visible(request, session)
     chosen_bots = [_bot(request, session, query["bot"])] if query["bot"] else names
@@ -263,7 +263,7 @@ async def updates(request: Request) -> Response:
 
 @router.get("/updates/{bot}/{update_id}")
 async def update(request: Request, bot: str, update_id: int) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     name = _bot(request, session, bot)
     store = _services(request).store
     row = await store.get_update(name, update_id)
@@ -358,7 +358,7 @@ def _exhaustion_filter(
 async def exhaustions(request: Request) -> Response:
     """Open exhaustions by filter; with `preview` (redrive or acknowledge), the dry run's
     count and sample and a form that confirms that count."""
-    session = signed_in(request)
+    session = await signed_in(request)
     query = {name: request.query_params.get(name, "") for name in FILTER_FIELDS}
     store = _services(request).store
     chosen = _exhaustion_filter(request, session, query)
@@ -412,12 +412,14 @@ async def exhaustions_in_bulk(request: Request, action: str) -> Response:
 
 @router.get("/audit")
 async def audit(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     after = request.query_params.get("after")
     try:
         cursor = int(after) if after else None
     except ValueError:
         raise HTTPException(400, f"after {after!r} is not a page cursor") from None
-    entries = await _services(request).store.audit_log(after=cursor, limit=PAGE)
+    entries = await _services(request).store.audit_log(
+        after=cursor, limit=PAGE, bots=session.key.bots
+    )
     following = f"/console/audit?after={entries[-1].id}" if len(entries) == PAGE else None
     return _page(request, "audit.html", session, entries=entries, following=following)

@@ -1,14 +1,19 @@
-"""The console's sign-in: a session cookie that names an API key without holding it, and the
-CSRF token of every form.
+"""The console's sign-in: a server-side session named by a random token in a cookie, and the CSRF
+token of every form (docs/security.md).
 
-Signing in posts a key in a form (never in a URL). What the cookie carries is the key's name
-(`ApiKey.label`: the audit log's name for it, never the key) and a random nonce, signed with
-itsdangerous and stamped with its time, so it expires after `console_session_seconds`; each
-request finds the key again by its name, and a key removed from the configuration ends its
-sessions. The cookie is HttpOnly, SameSite=Strict, and Secure when the request came over HTTPS
-(directly, or through a proxy of `trusted_proxies` that says so in X-Forwarded-Proto).
-Every form carries a CSRF token: the nonce signed under another salt, so it is valid for this
-session only.
+Signing in posts a key in a form (never in a URL). The cookie holds a random token, signed with
+itsdangerous and stamped with its time; the database keeps only the token's SHA-256, the key's
+HMAC under the console's secret, and when the session started and was last seen (the store's
+`start_session`). Each request finds the session again there, and so a session ends, in every
+process at once and with no restart:
+- at sign-out (`end_session`);
+- after `console_idle_seconds` without a request, and `console_session_seconds` after sign-in;
+- when its key is removed from the configuration or its value changes: the key's HMAC no longer
+  matches a configured key (with no `console_secret`, the secret is drawn from the keys, so a
+  change of any key ends every session).
+The cookie is HttpOnly, SameSite=Strict, and Secure when the request came over HTTPS (directly,
+or through a proxy of `trusted_proxies` that says so in X-Forwarded-Proto). Every form carries a
+CSRF token: the session's token signed under another salt, valid for this session only.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from itsdangerous import BadSignature, Signer, URLSafeTimedSerializer
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.api.deps import Services
 from app.config import ApiKey, Settings
 from app.intake.sources import came_over_https
 
@@ -31,9 +37,11 @@ PATH = "/console"
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """A signed-in person: the key they signed in with, and this session's CSRF token."""
+    """A signed-in person: the key they signed in with, the session's id (the digest of its
+    token) and its CSRF token."""
 
     key: ApiKey
+    id: str
     csrf: str
 
     @property
@@ -45,23 +53,38 @@ class Session:
 
 
 class Sessions:
-    """Issues and reads the console's session cookies for one configuration."""
+    """Starts, finds and ends the console's sessions for one configuration."""
 
     def __init__(self, settings: Settings) -> None:
         secret = _secret(settings)
+        self._secret = secret
         self._cookies = URLSafeTimedSerializer(secret, salt="console-session")
         self._csrf = Signer(secret, salt="console-csrf")
-        self._keys = {key.label: key for key in settings.api_keys}
-        self._max_age = settings.console_session_seconds
+        self._keys = {self._digest(key): key for key in settings.api_keys}
+        self._lifetime_ms = settings.console_session_seconds * 1000
+        self._idle_ms = settings.console_idle_seconds * 1000
         self._proxies = settings.trusted_proxies
 
-    def sign_in(self, response: Response, request: Request, key: ApiKey) -> None:
-        """Start a session for `key` on `response`."""
-        value = self._cookies.dumps({"key": key.label, "nonce": secrets.token_urlsafe(16)})
+    def _digest(self, key: ApiKey) -> str:
+        value = key.key.get_secret_value().encode()
+        return hmac.new(self._secret, value, hashlib.sha256).hexdigest()
+
+    async def sign_in(
+        self, response: Response, request: Request, key: ApiKey, services: Services
+    ) -> None:
+        """Start a session for `key`, its cookie set on `response`."""
+        token = secrets.token_urlsafe(32)
+        await services.store.start_session(
+            _session_id(token),
+            key_digest=self._digest(key),
+            at=services.now(),
+            idle_ms=self._idle_ms,
+            lifetime_ms=self._lifetime_ms,
+        )
         response.set_cookie(
             COOKIE,
-            value,
-            max_age=self._max_age,
+            self._cookies.dumps(token),
+            max_age=self._lifetime_ms // 1000,
             path=PATH,
             secure=came_over_https(
                 request.url.scheme,
@@ -73,29 +96,39 @@ class Sessions:
             samesite="strict",
         )
 
-    def sign_out(self, response: Response) -> None:
+    async def sign_out(self, response: Response, session: Session, services: Services) -> None:
+        """End `session` in every process, and drop its cookie."""
+        await services.store.end_session(session.id)
         response.delete_cookie(COOKIE, path=PATH, httponly=True, samesite="strict")
 
-    def of(self, request: Request) -> Session | None:
-        """The request's session, if its cookie is ours, unexpired, and its key still exists."""
+    async def of(self, request: Request, services: Services) -> Session | None:
+        """The request's session: its cookie is ours, the session is live in the database
+        (now marked seen), and its key is still configured with the same value."""
         value = request.cookies.get(COOKIE)
         if not value:
             return None
         try:
-            found = self._cookies.loads(value, max_age=self._max_age)
+            token = self._cookies.loads(value, max_age=self._lifetime_ms // 1000)
         except BadSignature:  # SignatureExpired included
             return None
-        if not isinstance(found, dict):
+        if not isinstance(token, str):
             return None
-        key = self._keys.get(str(found.get("key")))
-        nonce = found.get("nonce")
-        if key is None or not isinstance(nonce, str):
+        session_id = _session_id(token)
+        digest = await services.store.find_session(
+            session_id, at=services.now(), idle_ms=self._idle_ms, lifetime_ms=self._lifetime_ms
+        )
+        key = None if digest is None else self._keys.get(digest)
+        if key is None:
             return None
-        return Session(key, self._csrf.sign(nonce).decode())
+        return Session(key, session_id, self._csrf.sign(token).decode())
 
     @staticmethod
     def csrf_matches(session: Session, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(session.csrf, given)
+
+
+def _session_id(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _secret(settings: Settings) -> bytes:

@@ -417,8 +417,12 @@ class OperatorStore(DurableUpdateStore, Protocol):
         such update is recorded."""
         ...
 
-    async def audit_log(self, *, after: int | None = None, limit: int = 100) -> list[AuditEntry]:
-        """Operator actions, newest first (`after`: the last id of the previous page)."""
+    async def audit_log(
+        self, *, after: int | None = None, limit: int = 100, bots: Sequence[str] | None = None
+    ) -> list[AuditEntry]:
+        """Operator actions, newest first (`after`: the last id of the previous page). With
+        `bots` (a key limited to them), only the entries that concern at least one bot and
+        none outside `bots`; an entry of every bot (a filter that named none) is left out."""
         ...
 
     async def activity(
@@ -490,4 +494,26 @@ class OperatorStore(DurableUpdateStore, Protocol):
 
     async def release_poller(self, bot: str, *, holder: str) -> bool:
         """Give up the poller's lease, so another process takes over at once."""
+        ...
+
+    # -- console sessions (revision 0005; docs/security.md) --------------------------------
+
+    async def start_session(
+        self, session_id: str, *, key_digest: str, at: int, idle_ms: int, lifetime_ms: int
+    ) -> None:
+        """Keep a new console session `session_id` (a digest of its token) for the key whose
+        digest is `key_digest`, started and seen at `at`; sessions that ended by `at` (idle
+        past `idle_ms`, or started over `lifetime_ms` ago) are deleted on the way."""
+        ...
+
+    async def find_session(
+        self, session_id: str, *, at: int, idle_ms: int, lifetime_ms: int
+    ) -> str | None:
+        """The key digest of session `session_id` if it is live at `at` (seen within
+        `idle_ms`, started within `lifetime_ms`), marking it seen at `at`; None for a session
+        that ended, was never started, or was ended by `end_session`."""
+        ...
+
+    async def end_session(self, session_id: str) -> bool:
+        """End the session in every process at once (sign-out); False when there was none."""
         ...

@@ -23,6 +23,7 @@ from sqlalchemy import (
     and_,
     case,
     cast,
+    exists,
     false,
     func,
     insert,
@@ -389,10 +390,31 @@ def update_state(t: Table, *, bot: str, update_id: int) -> Select[Any]:
 
 
 def record_action(audit: Table, **values: Any) -> Insert:
-    return insert(audit).values(**values)
+    return insert(audit).values(**values).returning(audit.c.id)
 
 
-def audit_log(audit: Table, *, after: int | None, limit: int) -> Select[Any]:
-    """Newest first; `after` is the id the previous page ended at."""
+def record_action_bots(audit_bots: Table, audit_id: int, bots: Sequence[str]) -> Insert:
+    return insert(audit_bots).values([{"audit_id": audit_id, "bot": bot} for bot in bots])
+
+
+def audit_log(
+    audit: Table,
+    audit_bots: Table | None,
+    *,
+    after: int | None,
+    limit: int,
+    bots: Sequence[str] | None,
+) -> Select[Any]:
+    """Newest first; `after` is the id the previous page ended at. With `bots`, only the
+    entries that concern some bot and no bot outside them: an entry of several bots is shown
+    only to a key that may see all of them, and one of every bot (a filter that named none)
+    only to a key of every bot."""
     statement = select(audit).order_by(audit.c.id.desc()).limit(limit)
-    return statement if after is None else statement.where(audit.c.id < after)
+    if after is not None:
+        statement = statement.where(audit.c.id < after)
+    if bots is None:
+        return statement
+    assert audit_bots is not None, "the store checks for revision 0005"
+    concerned = audit_bots.c.audit_id == audit.c.id
+    outside = exists().where(concerned, audit_bots.c.bot.not_in(list(bots)))
+    return statement.where(exists().where(concerned), ~outside)

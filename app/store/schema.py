@@ -9,7 +9,10 @@ control, SPEC section 9) adds four tables beside it, each named after it: `_atte
 attempt's history), `_bots` (pause, the rate limit and its shared token bucket, what the
 workers report of their breaker, the state of the backlog and webhook watches), `_audit`
 (every operator action) and `_events` (the outbox of operational events), and the indexes
-that operators' searches walk. `make_metadata(table, revision=...)` draws any of them.
+that operators' searches walk; revision 0005 (who may see what) adds `_audit_bots` (the bots each
+audit entry concerns, which a key limited to some bots is shown by) and `_sessions` (the
+console's sessions, which end at sign-out, after an idle time, or with their key).
+`make_metadata(table, revision=...)` draws any of them.
 
 Invariants every statement of the store keeps (its queries lean on them for index use; a
 process writing the table by other means must keep them too):
@@ -43,17 +46,19 @@ from app.store import validate
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
-Revision = Literal["0001", "0002", "0003", "0004"]
-HEAD: Revision = "0004"
+Revision = Literal["0001", "0002", "0003", "0004", "0005"]
+HEAD: Revision = "0005"
 # What each revision adds, in order: `revision_of` reads a live schema by it (the columns of
 # the updates table, and the tables beside it by their suffix).
 ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0002": ("claim_id", "exhausted_at", "acknowledged_at"),
     "0003": ("uncounted", "delivery_due_at", "deliveries"),
     "0004": (),
+    "0005": (),
 }
 ADDED_TABLES: dict[Revision, tuple[str, ...]] = {
-    "0004": ("_attempts", "_bots", "_audit", "_events")
+    "0004": ("_attempts", "_bots", "_audit", "_events"),
+    "0005": ("_audit_bots", "_sessions"),
 }
 # Attempt outcomes as `_attempts` records them (NULL while the attempt runs, and for an
 # attempt whose lease lapsed before it ended: a reader calls that one "lost").
@@ -90,6 +95,14 @@ def audit_table_name(table: str) -> str:
 
 def events_table_name(table: str) -> str:
     return f"{table}_events"
+
+
+def audit_bots_table_name(table: str) -> str:
+    return f"{table}_audit_bots"
+
+
+def sessions_table_name(table: str) -> str:
+    return f"{table}_sessions"
 
 
 def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> MetaData:
@@ -179,6 +192,8 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
             updates.c.update_id,
         )
         _add_operator_tables(metadata, table)
+    if revision >= "0005":
+        _add_access_tables(metadata, table)
     return metadata
 
 
@@ -268,6 +283,37 @@ def _add_operator_tables(metadata: MetaData, table: str) -> None:
         postgresql_where=text("delivered_at IS NULL"),
         sqlite_where=text("delivered_at IS NULL"),
     )
+
+
+def _add_access_tables(metadata: MetaData, table: str) -> None:
+    """Revision 0005 (who may see what, docs/security.md): the bots each audit entry concerns,
+    and the console's sessions."""
+    audit_bots = audit_bots_table_name(table)
+    Table(
+        audit_bots,
+        metadata,
+        # An entry with no row here concerns every bot (a filter that named none): only a key
+        # limited to no bots reads it. An entry is shown to a key limited to some bots when
+        # every bot it concerns is one of them.
+        Column("audit_id", BigInteger().with_variant(Integer, "sqlite"), nullable=False),
+        Column("bot", Text, nullable=False),
+        PrimaryKeyConstraint("audit_id", "bot", name=f"pk_{audit_bots}"),
+    )
+    sessions = sessions_table_name(table)
+    sessions_table = Table(
+        sessions,
+        metadata,
+        # SHA-256 of the session's token (the cookie holds the token itself, signed): a reader
+        # of this table cannot take over a session.
+        Column("id", Text, nullable=False),
+        # HMAC of the key's value under the console's secret: a key changed or removed from
+        # the configuration no longer matches, which ends its sessions.
+        Column("key_digest", Text, nullable=False),
+        Column("started_at", BigInteger, nullable=False),
+        Column("seen_at", BigInteger, nullable=False),
+        PrimaryKeyConstraint("id", name=f"pk_{sessions}"),
+    )
+    Index(f"ix_{sessions}_seen", sessions_table.c.seen_at)
 
 
 def revision_of(columns: set[str], tables: set[str] | None = None, table: str = "") -> Revision:

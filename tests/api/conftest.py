@@ -24,7 +24,7 @@ from app.store import ClaimIdentity, SqlUpdateStore, StoredUpdate, open_store
 from tests.conftest import Storage, serve_asgi
 
 # Keys: full access, each scope alone, and one limited to the bot `shop`. The viewer and
-# operator keys have names, which the audit log records; the others are known by a hash.
+# operator keys have names, which the audit log records; the others by their place (key-1...).
 KEY = "full-access.key-0123456789"
 CALLBACK_KEY = "callback-only.key-0123456789"
 OPERATIONS_KEY = "operations-only.key-0123456789"

@@ -16,6 +16,7 @@ from sqlalchemy import Select, Table, false, select, update
 
 from app.store import (
     ActivitySlot,
+    AuditEntry,
     BotControl,
     BulkOutcome,
     Claimed,
@@ -613,3 +614,52 @@ class PolledWithoutTheLease(SqlUpdateStore):
 CONTROLS[PolledWithoutTheLease] = (
     "one poller holds a bot's lease; a batch and its offset commit only under it"
 )
+
+
+class AuditIgnoresBots(SqlUpdateStore):
+    """An audit log read the same for every key, whatever bots it is limited to."""
+
+    async def audit_log(self, **arguments: Any) -> list[AuditEntry]:  # type: ignore[override]
+        return await super().audit_log(**{**arguments, "bots": None})
+
+
+CONTROLS[AuditIgnoresBots] = "the audit log within some bots shows only entries of none but them"
+
+
+class AuditOfAnyOfItsBots(SqlUpdateStore):
+    """An audit log that shows a key every entry that concerns one of its bots, the others'
+    in the same entry included."""
+
+    async def audit_log(self, **arguments: Any) -> list[AuditEntry]:  # type: ignore[override]
+        bots = arguments.pop("bots", None)
+        entries = await super().audit_log(**arguments)
+        if bots is None:
+            return entries
+        return [e for e in entries if set(bots) & set(e.target.split("/")[0].split(","))]
+
+
+CONTROLS[AuditOfAnyOfItsBots] = "the audit log within some bots shows only entries of none but them"
+
+
+class SessionNeverIdles(SqlUpdateStore):
+    """Sessions found however long they sat idle (only the lifetime ends them)."""
+
+    async def find_session(self, session_id: str, **arguments: Any) -> str | None:  # type: ignore[override]
+        return await super().find_session(
+            session_id, **{**arguments, "idle_ms": arguments["lifetime_ms"]}
+        )
+
+
+CONTROLS[SessionNeverIdles] = (
+    "a console session lives until sign-out, its idle time or its lifetime"
+)
+
+
+class SignOutIsLocal(SqlUpdateStore):
+    """A sign-out that ends nothing in the database (a cookie deleted, the session alive)."""
+
+    async def end_session(self, session_id: str) -> bool:
+        return True
+
+
+CONTROLS[SignOutIsLocal] = "a console session lives until sign-out, its idle time or its lifetime"

@@ -163,7 +163,7 @@ def test_0004_keeps_search_indexes_an_operator_built_first(
     finally:
         engine.dispose()
     upgrade(url, "head", table=TABLE)
-    _assert_schema_is(postgres_storage, url, "0004")
+    _assert_schema_is(postgres_storage, url, HEAD)
     with _connect(url) as connection:
         kept = connection.scalar(
             text("SELECT to_regclass(:name)::oid"), {"name": f"ix_{TABLE}_chat"}
@@ -257,6 +257,45 @@ async def test_0003_makes_open_exhaustions_due_for_delivery_and_goes_back_losing
         tuple(row.get(name) for name in (*BASE_COLUMNS, *NEW_COLUMNS)) for row in rows
     ]
     _assert_schema_is(storage, url, "0002")
+
+
+async def test_0005_gives_each_earlier_audit_entry_its_bots(storage: Storage) -> None:
+    url = storage.url("0004")
+    entries = [  # (action, target, detail) as 0004's store wrote them
+        ("pause", "bot-a", '{"reason": "a-private"}'),
+        ("rate_limit", "bot-b", '{"per_second": 2.0}'),
+        ("park", "bot-b/7", '{"attempt": 1, "reason": "b-private"}'),
+        ("redrive", "bot-a", '{"identities": ["bot-a/1/2"]}'),
+        ("acknowledge", "bot-a,bot-b", '{"identities": ["bot-a/1/2", "bot-b/3/1"]}'),
+        ("acknowledge", "exhaustions", '{"filter": {"bots": ["exhaustions"]}}'),
+        ("redrive", "exhaustions", '{"filter": {"chat": "42"}}'),  # every bot
+    ]
+    with _connect(url) as connection:
+        for at, (action, target, detail) in enumerate(entries, start=1):
+            connection.execute(
+                text(
+                    f"INSERT INTO {TABLE}_audit (at, key_name, action, target, detail) "
+                    "VALUES (:at, 'ops', :action, :target, :detail)"
+                ),
+                {"at": at, "action": action, "target": target, "detail": detail},
+            )
+
+    upgrade(url)
+
+    async with _opened(url) as store:
+
+        async def seen(bots: list[str] | None) -> list[int]:
+            return [entry.at for entry in await store.audit_log(bots=bots)]
+
+        assert await seen(None) == [7, 6, 5, 4, 3, 2, 1]
+        assert await seen(["bot-a"]) == [4, 1]
+        assert await seen(["bot-b"]) == [3, 2]
+        assert await seen(["bot-a", "bot-b"]) == [5, 4, 3, 2, 1]
+        assert await seen(["exhaustions"]) == [6]  # a bot of that name: its filter named it
+    downgrade(url, "0004")
+    _assert_schema_is(storage, url, "0004")
+    with _connect(url) as connection:  # the audit log itself stays
+        assert connection.scalar(text(f"SELECT count(*) FROM {TABLE}_audit")) == 7
 
 
 async def test_a_0002_table_serves_plain_bots_and_names_the_upgrade_for_the_rest(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection
 
 from app.store.conformance import (  # noqa: F401 (they register)
+    access,
     claims,
     control,
     events,
@@ -34,7 +35,8 @@ MakeStore = Callable[[], Awaitable[UpdateStore]]
 # (settle, settle_owned, settle_many_owned, owns), `exhaustions` (the durable level),
 # `control` (operator control, the durable level from revision 0004) and `events` (its
 # operational events: the durable rules need a store opened with events=True) and `polling`
-# (the long poller's lease and its offset). They
+# (the long poller's lease and its offset) and `access` (who may see what, revision 0005:
+# the audit log within some bots, the console's sessions). They
 # run level by level, each level's families in the order imported above.
 _RULES = sorted(
     ((name, level, rule) for rule, (name, level) in _REGISTERED.items()),

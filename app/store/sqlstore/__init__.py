@@ -7,7 +7,7 @@ wake-ups) is each one's `Backend`: `app.store.sqlite`, `app.store.postgres`.
 
 One module per capability level, each class adding its level's methods to the one below:
 `core` (schema, checks, transactions) <- `base` <- `fenced` <- `durable` <- `control`
-(operator control, revision 0004).
+(operator control, revision 0004) <- `events` <- `polling` <- `sessions` (the console's, 0005).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from app.store import validate
 from app.store.engine import create_store_engine
 from app.store.schema import DEFAULT_TABLE
 from app.store.sqlstore.core import read_capability, read_revision
-from app.store.sqlstore.polling import PollingMethods
+from app.store.sqlstore.sessions import SessionMethods
 
 __all__ = ["SqlUpdateStore", "open_store", "read_capability"]
 
 
-class SqlUpdateStore(PollingMethods):
+class SqlUpdateStore(SessionMethods):
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema."""
 
 

@@ -62,10 +62,13 @@ class ControlMethods(DurableMethods):
         by: str,
         action: str,
         target: str,
+        bots: Sequence[str] | None,
         detail: dict[str, Any] | None = None,
         matched: int | None = None,
         changed: int | None = None,
     ) -> None:
+        """Write one audit entry in the acting transaction, with the bots it concerns (None:
+        every bot, as a filter that names none)."""
         _, audit, _ = self._operator_tables("the audit log")
         statement = control.record_action(
             audit,
@@ -77,7 +80,12 @@ class ControlMethods(DurableMethods):
             matched=matched,
             changed=changed,
         )
-        await connection.execute(statement)
+        entry = (await connection.execute(statement)).scalar_one()
+        # Below revision 0005 (an old table a newer process writes during an upgrade) the entry
+        # concerns no bot: it is shown only to keys of every bot, never too widely.
+        if bots and self.audit_bots_table is not None:
+            records = control.record_action_bots(self.audit_bots_table, entry, sorted(set(bots)))
+            await connection.execute(records)
 
     # -- bot controls ------------------------------------------------------------------------
 
@@ -107,7 +115,7 @@ class ControlMethods(DurableMethods):
             if paused:
                 detail = None if reason is None else {"reason": reason}
                 await self._record(
-                    connection, at=at, by=by, action="pause", target=bot, detail=detail
+                    connection, at=at, by=by, action="pause", target=bot, bots=[bot], detail=detail
                 )
                 data = {"bot": bot, "by": by, "reason": reason, "paused_at": at}
                 await self._emit(connection, [("bot.paused", at, data)])
@@ -121,7 +129,9 @@ class ControlMethods(DurableMethods):
         async with self.transaction() as connection:
             resumed = (await connection.execute(control.resume(table, bot=bot))).first()
             if resumed is not None:
-                await self._record(connection, at=at, by=by, action="resume", target=bot)
+                await self._record(
+                    connection, at=at, by=by, action="resume", target=bot, bots=[bot]
+                )
                 data = {"bot": bot, "by": by, "resumed_at": at}
                 await self._emit(connection, [("bot.resumed", at, data)])
         if resumed is not None:
@@ -143,6 +153,7 @@ class ControlMethods(DurableMethods):
                 by=by,
                 action="rate_limit",
                 target=bot,
+                bots=[bot],
                 detail={"per_second": rate},
             )
         if rate is None:
@@ -338,6 +349,7 @@ class ControlMethods(DurableMethods):
                 by=by,
                 action=action,
                 target=_target(selection),
+                bots=_bots(selection),
                 detail=selected | (detail or {}),
                 matched=done,
                 changed=done,
@@ -375,6 +387,7 @@ class ControlMethods(DurableMethods):
                     by=by,
                     action="park",
                     target=f"{identity.bot}/{identity.update_id}",
+                    bots=[identity.bot],
                     detail={"attempt": identity.attempt, "reason": text},
                     matched=1,
                     changed=1,
@@ -470,16 +483,27 @@ class ControlMethods(DurableMethods):
             for (bot, slot), (received, delivered) in sorted(counts.items(), key=_slot_order)
         ]
 
-    async def audit_log(self, *, after: int | None = None, limit: int = 100) -> list[AuditEntry]:
-        """Operator actions, newest first, a page at a time (`after`: the last id seen)."""
+    async def audit_log(
+        self, *, after: int | None = None, limit: int = 100, bots: Sequence[str] | None = None
+    ) -> list[AuditEntry]:
+        """Operator actions, newest first, a page at a time (`after`: the last id seen); with
+        `bots`, only those that concern none but them."""
         _, audit, _ = self._operator_tables("audit_log")
         limit = validate.positive("limit", limit)
         if after is not None:
             after = validate.positive("after", after)
+        if bots is not None:
+            bots = [validate.bot_name(bot) for bot in bots]
+            if self.audit_bots_table is None:
+                raise SchemaError(
+                    f"the audit log of some bots needs revision 0005 but table "
+                    f"{self.table.name!r} is at revision {self.revision}; {UPGRADE_HINT}"
+                )
+        statement = control.audit_log(
+            audit, self.audit_bots_table, after=after, limit=limit, bots=bots
+        )
         async with self._read() as connection:
-            rows = (
-                await connection.execute(control.audit_log(audit, after=after, limit=limit))
-            ).all()
+            rows = (await connection.execute(statement)).all()
         return [
             AuditEntry(
                 id=row.id,
@@ -544,6 +568,13 @@ def _cursor(value: Any) -> SearchCursor:
         validate.bot_name(value[1]),
         validate.update_id(value[2]),
     )
+
+
+def _bots(selection: Selection) -> list[str] | None:
+    """The bots a bulk action concerns: None (every bot) for a filter that names none."""
+    if isinstance(selection, ExhaustionFilter):
+        return None if not selection.bots else list(selection.bots)
+    return sorted({identity.bot for identity in selection})
 
 
 def _target(selection: Selection) -> str:

@@ -25,11 +25,13 @@ from app.store.schema import (
     HEAD,
     Revision,
     attempts_table_name,
+    audit_bots_table_name,
     audit_table_name,
     bots_table_name,
     events_table_name,
     make_metadata,
     revision_of,
+    sessions_table_name,
 )
 from app.store.sqlite import SqliteBackend
 from app.store.types import (
@@ -145,6 +147,9 @@ class SqlCore:
         self.bots_table: Table | None = tables.get(bots_table_name(table))
         self.audit_table: Table | None = tables.get(audit_table_name(table))
         self.events_table: Table | None = tables.get(events_table_name(table))
+        # Revision 0005's (None below it): the bots of audit entries, the console's sessions.
+        self.audit_bots_table: Table | None = tables.get(audit_bots_table_name(table))
+        self.sessions_table: Table | None = tables.get(sessions_table_name(table))
 
     def _history(self) -> History | None:
         if self.attempts_table is None or not self.keeps_history:
