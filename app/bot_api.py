@@ -4,17 +4,32 @@ The base URL is `INTAKE_BOT_API_URL` (a local Bot API server is a real use; test
 fake). The bot token travels in the request path only: no error, log line or metric ever
 carries it, so an HTTP failure is named by its kind, never by httpx's message (which holds the
 URL). Connection failures are retried by httpx's transport (`retries`), nothing else is.
+
+An answer is read up to MAX_ANSWER_BYTES and no further. A bot_api_url in clear text (http://)
+off the loopback is logged once per process: the token would cross the network readable.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+from pydantic import AnyHttpUrl
 
 from app.config import BotSettings, Settings
 
+log = logging.getLogger(__name__)
+
 TIMEOUT_SECONDS = 30.0
+MAX_ANSWER_BYTES = 16 << 20
+"""The most of one answer read, decoded (16 MiB). getUpdates' largest batch fits many times
+over (100 updates, each a longest message of 4096 characters: under 2 MiB of JSON); past it the
+read stops and the call fails with BotApiError."""
 
 
 class BotApiError(Exception):
@@ -30,6 +45,7 @@ class BotApiError(Exception):
 def _request(settings: Settings, bot: BotSettings, method: str, params: dict[str, Any]) -> Any:
     if bot.bot_token is None:
         raise BotApiError(f"bot {bot.name!r} has no bot_token (INTAKE_BOT_TOKEN or bot_token)")
+    warn_if_in_clear(settings.bot_api_url)
     base = str(settings.bot_api_url).rstrip("/")
     url = f"{base}/bot{bot.bot_token.get_secret_value()}/{method}"
     payload = {name: value for name, value in params.items() if value is not None}
@@ -44,17 +60,57 @@ def _unreachable(settings: Settings, method: str, error: httpx.HTTPError) -> Bot
     )
 
 
-def _result(method: str, response: httpx.Response) -> Any:
+@functools.cache  # once per process and URL: every call passes here
+def warn_if_in_clear(url: AnyHttpUrl) -> None:
+    """Log a warning when `url` is http:// to a host off the loopback (127.0.0.0/8, ::1,
+    localhost): the bot token, in every request's path, would travel readable. The log names
+    the host only (a URL may carry a password)."""
+    host = (url.host or "").strip("[]").lower()
+    if url.scheme != "http" or host == "localhost":
+        return
     try:
-        answer = response.json()
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:  # a name, not an address
+        pass
+    log.warning(
+        "bot_api_url is http:// to %s, not a loopback address: the bot token travels in "
+        "clear text; use https://",
+        host,
+    )
+
+
+def _too_big(method: str) -> BotApiError:
+    return BotApiError(f"{method}: the answer is over {MAX_ANSWER_BYTES} bytes; not read further")
+
+
+def _read(method: str, chunks: Iterator[bytes]) -> bytes:
+    body = bytearray()
+    for chunk in chunks:
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise _too_big(method)
+    return bytes(body)
+
+
+async def _aread(method: str, chunks: AsyncIterator[bytes]) -> bytes:
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise _too_big(method)
+    return bytes(body)
+
+
+def _result(method: str, status: int, body: bytes) -> Any:
+    try:
+        answer = json.loads(body)
     except ValueError:
-        raise BotApiError(
-            f"{method}: HTTP {response.status_code}, not a Bot API answer", response.status_code
-        ) from None
+        raise BotApiError(f"{method}: HTTP {status}, not a Bot API answer", status) from None
     if not isinstance(answer, dict) or not answer.get("ok"):
-        code = answer.get("error_code", response.status_code) if isinstance(answer, dict) else ""
+        code = answer.get("error_code", status) if isinstance(answer, dict) else ""
         words = answer.get("description", "no description") if isinstance(answer, dict) else ""
-        number = code if isinstance(code, int) else response.status_code
+        number = code if isinstance(code, int) else status
         parameters = answer.get("parameters") if isinstance(answer, dict) else None
         wait = parameters.get("retry_after") if isinstance(parameters, dict) else None
         retry_after = float(wait) if isinstance(wait, int | float) and wait >= 0 else None
@@ -67,11 +123,14 @@ def call(settings: Settings, bot: BotSettings, method: str, **params: Any) -> An
     url, payload = _request(settings, bot, method, params)
     transport = httpx.HTTPTransport(retries=2)  # connection failures only
     try:
-        with httpx.Client(transport=transport, timeout=TIMEOUT_SECONDS) as client:
-            response = client.post(url, json=payload)
+        with (
+            httpx.Client(transport=transport, timeout=TIMEOUT_SECONDS) as client,
+            client.stream("POST", url, json=payload) as response,
+        ):
+            body = _read(method, response.iter_bytes())
     except httpx.HTTPError as error:
         raise _unreachable(settings, method, error) from None
-    return _result(method, response)
+    return _result(method, response.status_code, body)
 
 
 async def call_async(
@@ -88,10 +147,11 @@ async def call_async(
     url, payload = _request(settings, bot, method, params)
     timeout = httpx.USE_CLIENT_DEFAULT if wait is None else httpx.Timeout(10.0, read=wait)
     try:
-        response = await client.post(url, json=payload, timeout=timeout)
+        async with client.stream("POST", url, json=payload, timeout=timeout) as response:
+            body = await _aread(method, response.aiter_bytes())
     except httpx.HTTPError as error:
         raise _unreachable(settings, method, error) from None
-    return _result(method, response)
+    return _result(method, response.status_code, body)
 
 
 def async_client() -> httpx.AsyncClient:

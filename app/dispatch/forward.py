@@ -8,10 +8,15 @@ accepts the request), and a Standard Webhooks signature when the bot has a `sign
 `webhook-signature` over the body, `X-Intake-Identity-Signature` over the identity and the
 recording time. A `plain` bot forwards the bare update: no identity, as a table at revision
 0001 has none.
+
+`forward_timeout_seconds` bounds a whole attempt (SPEC section 16): waiting for a connection,
+connecting, sending, waiting and reading the answer, however slowly the downstream trickles
+it; the transport's own timeouts bound each step only.
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import httpx
@@ -45,6 +50,7 @@ class Downstream:
             None if bot.signing_secret is None else Webhook(bot.signing_secret.get_secret_value())
         )
         self._timeout = httpx.Timeout(bot.forward_timeout_seconds).as_dict()
+        self._deadline = bot.forward_timeout_seconds
 
     async def forward(
         self,
@@ -88,7 +94,9 @@ class Downstream:
         return sign(self._signer, headers, message_id, body)
 
     async def _post(self, url: httpx.URL, headers: dict[str, str], body: str) -> Outcome:
-        return await post(self._transport, url, headers, body, self._timeout)
+        return await post(
+            self._transport, url, headers, body, self._timeout, deadline=self._deadline
+        )
 
 
 def sign(signer: Webhook | None, headers: dict[str, str], message_id: str, body: str) -> datetime:
@@ -108,26 +116,41 @@ async def post(
     headers: dict[str, str],
     body: str,
     limits: dict[str, float | None],
+    *,
+    deadline: float | None = None,
 ) -> Outcome:
-    """POST `body` within `limits` (httpx's timeouts, as a dict); what the answer means
-    (`app.policy`). Never raises for the receiver's sake: a failure is an Outcome too."""
+    """POST `body` within `limits` (httpx's timeouts, as a dict: each step's) and within
+    `deadline` seconds in all (None: the longest of `limits`); what the answer means
+    (`app.policy`). Never raises for the receiver's sake: a failure is an Outcome too, and a
+    passed deadline is a timeout."""
     # httpx's Request and Response, sent by the transport itself: AsyncClient's machinery
     # (auth, redirects, cookies, hooks) is all unused here, and through it a request took
     # 1.6 times the instructions (valgrind; bench client shows the rates).
     request = httpx.Request(
         "POST", url, headers=headers, content=body.encode(), extensions={"timeout": limits}
     )
+    if deadline is None:
+        deadline = max((limit for limit in limits.values() if limit is not None), default=None)
+    # The transport's timeouts bound each socket read: a downstream sending a byte a second
+    # would hold an attempt for ever. One timer on the loop (no task) cancels the request,
+    # body read included, when the whole attempt has had its time; the transport drops the
+    # connection of a request cancelled midway.
+    whole = asyncio.timeout(deadline)
     try:
-        response = await transport.handle_async_request(request)
+        async with whole:
+            response = await transport.handle_async_request(request)
+            try:
+                if not 200 <= response.status_code < 300:  # the body only explains a failure
+                    await response.aread()
+            finally:
+                await response.aclose()
     except httpx.HTTPError as error:
         return classify_error(error)
-    try:
-        if not 200 <= response.status_code < 300:  # the body only explains a failure
-            await response.aread()
-    except httpx.HTTPError as error:
-        return classify_error(error)
-    finally:
-        await response.aclose()
+    except TimeoutError:
+        if not whole.expired():
+            raise
+        passed = f"the attempt's deadline passed: no whole answer within {deadline:g} s"
+        return classify_error(httpx.TimeoutException(passed, request=request))
     return classify(response)
 
 

@@ -50,6 +50,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     Timeouts, from `extensions["timeout"]` (5 s when absent): `pool` -> PoolTimeout, `connect`
     (resolve and connect) -> ConnectTimeout, `read` (each socket read) -> ReadTimeout; no
     `write` (aiohttp has none; an update fits in the socket buffer). Errors: `_ERRORS`.
+    None of them bounds the whole request (an answer trickled a byte at a time never trips
+    `read`): a caller that needs that bound cancels the request at its deadline
+    (`app.dispatch.forward.post`); a request cancelled midway has its connection closed, not
+    reused half-read, and its semaphores released.
 
     A body over `max_response_bytes` is cut there: the read stops, the connection is closed
     (not drained), `extensions["truncated"]` is True. aiohttp retries on a dead kept-alive

@@ -11,7 +11,6 @@ case."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from typing import Any
 

@@ -1,9 +1,15 @@
-"""What one attempt sends, checked at the transport (httpx.MockTransport)."""
+"""What one attempt sends, checked at the transport (httpx.MockTransport); how long one may
+take, against real servers on 127.0.0.1 that answer a byte at a time."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Literal
 
 import httpx
 import pytest
@@ -12,7 +18,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from app.config import BotSettings
-from app.dispatch.forward import Downstream
+from app.dispatch.forward import Downstream, open_transport
 from app.dispatch.maintenance import exhaustion_payload
 from app.store import ClaimIdentity, Exhaustion
 
@@ -136,3 +142,80 @@ def test_a_bot_without_a_downstream_cannot_be_forwarded_to() -> None:
     bot = BotSettings(name="shop", secret_token=SecretStr("s"))
     with pytest.raises(ValueError, match="no downstream_url"):
         Downstream(bot, httpx.MockTransport(lambda request: httpx.Response(200)))
+
+
+TRICKLE_BYTES = 20
+TRICKLE_SECONDS = 0.3  # a byte at a time: every read is quick, the answer takes 6 s
+
+
+@asynccontextmanager
+async def trickling(where: Literal["head", "body"]) -> AsyncIterator[str]:
+    """A downstream on 127.0.0.1 that answers 200 one byte every TRICKLE_SECONDS, in a header
+    or in the body; its base URL."""
+    answering: set[asyncio.Task[object]] = set()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        answering.add(task)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            if where == "head":
+                writer.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                tail = b"\r\nContent-Length: 0\r\n\r\n"
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % TRICKLE_BYTES)
+                tail = b""
+            for _ in range(TRICKLE_BYTES):
+                await writer.drain()
+                await asyncio.sleep(TRICKLE_SECONDS)
+                writer.write(b"x")
+            writer.write(tail)
+            await writer.drain()
+        except ConnectionError:
+            pass  # the client gave up: what the deadline is for
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        for task in answering:
+            task.cancel()
+        await asyncio.gather(*answering, return_exceptions=True)
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("where", ["head", "body"])
+@pytest.mark.parametrize("delivery", ["forward", "exhaustion"])
+async def test_a_trickling_answer_ends_the_attempt_at_its_deadline(
+    where: Literal["head", "body"], delivery: str
+) -> None:
+    # forward_timeout_seconds bounds the whole attempt (SPEC section 16), not each read.
+    async with trickling(where) as url:
+        bot = BotSettings(
+            name="shop",
+            secret_token=SecretStr("s"),
+            downstream_url=f"{url}/hook",  # type: ignore[arg-type]
+            exhaustion_url=f"{url}/exhausted",  # type: ignore[arg-type]
+            forward_timeout_seconds=1,
+        )
+        transport = open_transport(max_connections=10)
+        try:
+            target = Downstream(bot, transport)
+            started = time.monotonic()
+            if delivery == "forward":
+                outcome = await target.forward(IDENTITY, BODY, lease_until=0)
+            else:
+                outcome = await target.deliver_exhaustion(IDENTITY, "{}")
+            took = time.monotonic() - started
+        finally:
+            await transport.aclose()
+    assert outcome.kind == "retry"  # as any timeout: retried with backoff
+    assert outcome.downstream_failed
+    assert outcome.error is not None
+    assert outcome.error.startswith("timeout: ")
+    assert "the attempt's deadline passed" in outcome.error
+    assert took < 2.5  # the 1 s deadline and a generous slack; the answer takes 6 s

@@ -331,6 +331,50 @@ async def test_a_body_that_stalls_is_read_timeout(transport: AiohttpTransport) -
         await asyncio.sleep(0.05)  # the handler closes its side
 
 
+@pytest.mark.parametrize("where", ["head", "body"])
+async def test_a_request_cancelled_midway_drops_its_connection_and_frees_its_slot(
+    where: str,
+) -> None:
+    # app.dispatch.forward bounds a whole attempt by cancelling it (asyncio.timeout): the
+    # half-read connection must not be reused, nor the request's semaphore kept.
+    connections = 0
+    done = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await reader.readuntil(b"\r\n\r\n")
+        if connections == 1:  # the first answer stops midway
+            part = b"HTTP/1.1 200 OK\r\nX-Slow: " if where == "head" else b"x" * 10
+            if where == "body":
+                part = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + part
+            writer.write(part)
+            await done.wait()
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+    transport = AiohttpTransport(max_connections=1)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await send(transport, url)
+        timeout = httpx.Timeout(5.0, pool=0.5).as_dict()
+        request = httpx.Request("GET", url, extensions={"timeout": timeout})
+        response = await transport.handle_async_request(request)
+        assert await response.aread() == b"ok"
+        assert connections == 2  # a fresh connection, in the one slot
+    finally:
+        done.set()
+        await transport.aclose()
+        server.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.05)  # the handlers close their side
+
+
 async def test_waiting_for_a_pooled_connection_is_pool_timeout(downstream: Downstream) -> None:
     transport = AiohttpTransport(max_connections=1)
     try:
