@@ -109,9 +109,10 @@ def create_app(
     app.include_router(intake_router)
     app.include_router(health.router)
     api.install(app)
-    console.install(app, settings)
     opened = (*(mounts or ()), console.PREFIX)
     install_guard(app, settings, metrics.request_refused, mounted=opened, lean=api.lean())
+    # After the guard: the console's security headers wrap it, its refusals under /console too.
+    console.install(app, settings)
     for path, mounted in (mounts or {}).items():
         app.mount(path, mounted)
 

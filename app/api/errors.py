@@ -1,6 +1,11 @@
-"""The `{"error": ...}` answers of refused and failed requests, one function per kind of
-failure: the app's exception handlers answer with them (`install_errors`), and so does a lean
-route (`app.api.lean`), which runs without those handlers around it."""
+"""The `{"error": ...}` answers of refused and failed requests: the app's exception handlers
+answer with them (`install_errors`), and so does a lean route (`app.api.lean`), which runs
+without those handlers around it.
+
+A refusal (HTTPException, a validation error) keeps its words: they are ours, about the
+client's input. A failure (the store's, or an exception nothing expected) is answered in fixed
+words with a request id, its detail in the log under that id (`app.http.failures`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.store import SchemaError, StoreBusy, StoreError, StoreUnavailable
+from app.http.failures import Failure, failure_of
+from app.store import StoreError
 
 __all__ = ["error_answer", "install_errors"]
+
+API_PREFIX = "/v1/"
 
 
 def refused(error: HTTPException) -> JSONResponse:
@@ -28,25 +37,49 @@ def invalid(error: RequestValidationError) -> JSONResponse:
     return JSONResponse({"error": "; ".join(problems), "detail": detail}, 422)
 
 
-def store_failed(error: StoreError) -> JSONResponse:
-    if isinstance(error, SchemaError):
-        return JSONResponse({"error": str(error)}, 409)
-    if isinstance(error, StoreUnavailable | StoreBusy):
-        return JSONResponse(
-            {"error": f"the database is unavailable: {error}"}, 503, headers={"Retry-After": "1"}
-        )
-    return JSONResponse({"error": f"the database refused the request: {error}"}, 500)
+def failed(failure: Failure) -> JSONResponse:
+    return JSONResponse(failure.body, failure.status, headers=failure.headers)
 
 
-def error_answer(error: Exception) -> JSONResponse | None:
-    """The answer to `error`, or None for an error nothing here answers (a 500)."""
+def _where(method: str, path: str) -> str:
+    return f"{method} {path}"
+
+
+def error_answer(error: Exception, request: Request) -> JSONResponse:
+    """The answer to `error`, raised while answering `request`."""
     if isinstance(error, HTTPException):
         return refused(error)
     if isinstance(error, RequestValidationError):
         return invalid(error)
-    if isinstance(error, StoreError):
-        return store_failed(error)
-    return None
+    return failed(failure_of(error, _where(request.method, request.url.path)))
+
+
+class Faults:
+    """An exception nothing expected, raised by a `/v1` route before it answered: a JSON 500
+    with a request id, the traceback in the log (Starlette's own answer is text, and its
+    traceback, logged by the server, has no id)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as error:
+            if started:
+                raise  # half an answer is out: the server can only drop the connection
+            answer = failed(failure_of(error, _where(scope["method"], scope["path"])))
+            await answer(scope, receive, send)
 
 
 def install_errors(app: FastAPI) -> None:
@@ -61,5 +94,7 @@ def install_errors(app: FastAPI) -> None:
         return invalid(error)
 
     @app.exception_handler(StoreError)
-    async def store_error(_request: Request, error: StoreError) -> JSONResponse:
-        return store_failed(error)
+    async def store_error(request: Request, error: StoreError) -> JSONResponse:
+        return error_answer(error, request)
+
+    app.add_middleware(Faults)

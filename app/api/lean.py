@@ -10,8 +10,9 @@ signature; what answers it is one function that does, in FastAPI's order, what F
 1. the body, read by the strict JSON reader when it is declared JSON (400 if it is not JSON);
 2. the key's grant (`Granted.grant`: 401, 403);
 3. the one body model, validated by FastAPI's own field for it (422, the same errors);
-4. the endpoint, called with the model and the grant; its refusals and the store's failures
-   answered as the app's exception handlers answer them (`app.api.errors`).
+4. the endpoint, called with the model and the grant; its refusals, the store's failures and
+   any exception nothing expected answered as the app's handlers answer them
+   (`app.api.errors`: a failure in fixed words with a request id, its detail in the log).
 
 FastAPI's router runs that function for the route (`get_route_handler`), and the request
 guard calls it directly for the exact method and path, ahead of the router and the middleware
@@ -97,10 +98,7 @@ class LeanRoute(APIRoute):
         try:
             return await self._answer(request)
         except Exception as error:
-            answer = error_answer(error)
-            if answer is None:
-                raise  # a fault of ours: the server's 500
-            return answer
+            return error_answer(error, request)
 
     async def _answer(self, request: Request) -> Response:
         value = await _body(request)

@@ -2,22 +2,21 @@
 
 Server-rendered Jinja2 templates (`templates/`) and plain forms; one small script refreshes the
 overview (`static/console.js`), and every page reads without it. Sign-in and CSRF are
-`session.py`, the route class, forms and error pages `forms.py`, the pages `pages.py`. The
-pages and their files ship in the wheel.
+`session.py`, the security headers, the route class, forms and error pages `forms.py`, the
+pages `pages.py`. The pages and their files ship in the wheel.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from starlette.responses import Response
 
 from app.config import Settings
+from app.console.forms import SecurityHeaders
 from app.console.pages import router
 from app.console.session import Sessions
 from app.http.keys import Keys
@@ -38,16 +37,9 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.console_sessions = Sessions(settings)
     app.state.console_keys = Keys(settings.api_keys)
     app.include_router(router)
-    app.mount(f"{PREFIX}/static", _Static(directory=HERE / "static"), name="console-static")
-
-
-class _Static(StaticFiles):
-    """The stylesheet and the script, never sniffed into another type."""
-
-    def file_response(self, *args: Any, **kwargs: Any) -> Response:
-        response = super().file_response(*args, **kwargs)
-        response.headers["x-content-type-options"] = "nosniff"
-        return response
+    app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="console-static")
+    # Every answer under PREFIX, the pages' and the static files' and the router's 404s alike.
+    app.add_middleware(SecurityHeaders, prefix=PREFIX)
 
 
 def iso(ms: int) -> str:

@@ -1,22 +1,23 @@
-"""The console's plumbing: its route class (security headers on every answer), reading a form
-(bounded, URL-encoded only), the signed-in session every page needs, and answers that are pages
-(an error page, a redirect after an action)."""
+"""The console's plumbing: the security headers of every answer under its path
+(`SecurityHeaders`), its route class (a POST from another site refused, refusals and failures
+answered as error pages), reading a form (bounded, URL-encoded only), the signed-in session
+every page needs, and answers that are pages (an error page, a redirect after an action)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.responses import RedirectResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.console.session import Session, Sessions
-from app.store import StoreError
-
-log = logging.getLogger(__name__)
+from app.http.failures import Failure, failure_of
+from app.intake.sources import Network, came_over_https, client_address
 
 MAX_FORM_BYTES = 16 << 10  # the largest console form: a filter and a token
 FORM_TYPE = "application/x-www-form-urlencoded"
@@ -31,30 +32,117 @@ SECURITY_HEADERS = {
     "referrer-policy": "no-referrer",
     "cache-control": "no-store",
 }
+CROSS_SITE = "this form was sent from another site: open the console itself and send it there"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class SecurityHeaders:
+    """ASGI middleware: every answer whose path is `prefix` or under it carries SECURITY_HEADERS,
+    whoever made it (a page, an error page, the router's 404 and 405, FastAPI's 422, a static
+    file), in place of any the answer had of the same names."""
+
+    def __init__(self, app: ASGIApp, prefix: str) -> None:
+        self.app = app
+        self._path = prefix.rstrip("/")
+        self._under = f"{self._path}/"
+        self._headers = [
+            (name.encode(), value.encode()) for name, value in SECURITY_HEADERS.items()
+        ]
+        self._names = {name for name, _ in self._headers}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not (path == self._path or path.startswith(self._under)):
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [
+                    (n, v) for n, v in message.get("headers", ()) if n.lower() not in self._names
+                ]
+                message = {**message, "headers": [*kept, *self._headers]}
+            await send(message)
+
+        await self.app(scope, receive, secured)
 
 
 class ConsoleRoute(APIRoute):
-    """A console route: every answer, an error's too, carries the security headers."""
+    """A console route: a POST from another site is refused before anything is done
+    (`from_elsewhere`); refusals and failures are error pages, a failure's in fixed words with
+    a request id, its detail in the log under it (`app.http.failures`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
-        async def secured(request: Request) -> Response:
+        async def answer(request: Request) -> Response:
+            if request.method == "POST" and from_elsewhere(request):
+                return error_page(request, 403, CROSS_SITE)
             try:
-                response = await handler(request)
+                return await handler(request)
             except SignInNeeded:
-                response = RedirectResponse("/console/sign-in", status_code=303)
+                return RedirectResponse("/console/sign-in", status_code=303)
             except HTTPException as error:
-                response = error_page(request, error.status_code, str(error.detail))
+                return error_page(request, error.status_code, str(error.detail))
+            except RequestValidationError:
+                raise  # a path parameter that is not one: the app's 422
             except ValueError as error:  # what the store refuses: bad input changes nothing
-                response = error_page(request, 400, str(error))
-            except StoreError as error:
-                log.warning("console: %s", error)
-                response = error_page(request, 503, "the database is unavailable; try again")
-            response.headers.update(SECURITY_HEADERS)
-            return response
+                return error_page(request, 400, str(error))
+            except Exception as error:  # the store's failures, and what nothing expected
+                failure = failure_of(error, f"{request.method} {request.url.path}")
+                return error_page(request, failure.status, failure.message, failure)
 
-        return secured
+        return answer
+
+
+def from_elsewhere(request: Request) -> bool:
+    """Whether a POST came from another site, by what the browser says of it: `Sec-Fetch-Site`
+    cross-site or same-site, or an `Origin` that is not the console's own (`null` included).
+    A request with neither header (curl, an old browser) passes: the SameSite=Strict cookie
+    and each form's CSRF token guard it still."""
+    site = request.headers.get("sec-fetch-site", "").strip().lower()
+    if site in ("cross-site", "same-site"):
+        return True
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    theirs = _site(origin)
+    return theirs is None or theirs != _site(_own_origin(request))
+
+
+def _own_origin(request: Request) -> str:
+    """The console's origin as the browser sees it: the request's scheme and Host; behind a
+    proxy of `trusted_proxies`, HTTPS when it says so (X-Forwarded-Proto) and its
+    X-Forwarded-Host when it sends one (the last hop's word; others' are never read)."""
+    proxies: Sequence[Network] = request.app.state.settings.trusted_proxies
+    peer = request.client.host if request.client else None
+    forwarded_proto = request.headers.get("x-forwarded-proto")
+    https = came_over_https(request.url.scheme, peer, forwarded_proto, proxies)
+    host = request.headers.get("host", "")
+    forwarded_host = request.headers.get("x-forwarded-host")
+    if forwarded_host and _from_proxy(peer, proxies):
+        host = forwarded_host.split(",")[-1].strip()
+    return f"{'https' if https else 'http'}://{host}"
+
+
+def _from_proxy(peer: str | None, proxies: Sequence[Network]) -> bool:
+    address = client_address(peer, None, ())  # the peer itself, read as the allowlists read it
+    return address is not None and any(address in network for network in proxies)
+
+
+def _site(origin: str) -> tuple[str, str, int] | None:
+    """An origin's scheme, host and port (the scheme's default filled in); None for what is
+    not an origin (`null`, another scheme, a path, user info, a bad port)."""
+    parts = urlsplit(origin.strip())
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    extra = parts.path or parts.query or parts.fragment or "@" in parts.netloc
+    if scheme not in DEFAULT_PORTS or not parts.hostname or extra:
+        return None
+    return scheme, parts.hostname, port or DEFAULT_PORTS[scheme]
 
 
 class SignInNeeded(Exception):
@@ -106,12 +194,20 @@ async def acting(request: Request) -> tuple[Session, dict[str, str]]:
     return session, form
 
 
-def error_page(request: Request, status: int, message: str) -> Response:
+def error_page(
+    request: Request, status: int, message: str, failure: Failure | None = None
+) -> Response:
+    """The error page; for a failure, with its request id (on the page and in X-Request-Id)."""
     templates = request.app.state.console_templates
     session = getattr(request.state, "console_session", None)
-    context = {"status": status, "message": message, "session": session}
+    request_id = None if failure is None else failure.request_id
+    context = {"status": status, "message": message, "session": session, "request_id": request_id}
     response: Response = templates.TemplateResponse(
-        request, "error.html", context, status_code=status
+        request,
+        "error.html",
+        context,
+        status_code=status,
+        headers=None if failure is None else failure.headers,
     )
     return response
 

@@ -9,7 +9,8 @@ Checks run in this order, and nothing invalid is ever stored:
 5. not strict JSON (`app.http.strict_json`: UTF-8, no duplicate names, no lone surrogate, no
    number beyond a double), not an object, or no integer `update_id` in [0, 2**63-1] -> 400;
 6. otherwise the row is recorded (group commit) and 200 is sent after the commit; a
-   duplicate is 200 too and changes nothing; no commit confirmed in time -> 503 + Retry-After.
+   duplicate is 200 too and changes nothing; no commit confirmed in time -> 503 + Retry-After,
+   in fixed words with a request id (`app.http.failures`), the reason in the log under it.
 
 Each answer is counted by bot and result, with its latency and, for a valid update, its wait
 for the commit (`app.metrics`).
@@ -28,6 +29,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.requests import ClientDisconnect
 
 from app.config import Settings
+from app.http.failures import Failure, logged
 from app.http.guard import unsupported_encoding
 from app.http.strict_json import NotJson, read_json
 from app.intake.committer import CommitFailed, GroupCommitter
@@ -42,11 +44,12 @@ SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
 JSON = "application/json"
 OK = Response(b'{"ok":true}', 200, media_type=JSON)
 FORBIDDEN = Response(b'{"error":"forbidden"}', 403, media_type=JSON)
+NOT_RECORDED = "the update could not be recorded; Telegram will deliver it again"
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def _error(status: int, message: str) -> Response:
     body = json.dumps({"error": message}).encode()
-    return Response(body, status, headers=headers, media_type=JSON)
+    return Response(body, status, media_type=JSON)
 
 
 class Intake:
@@ -74,11 +77,6 @@ class Intake:
         self._unknown: IntakeMeters = metrics.intake(UNKNOWN_BOT)
         self._too_large = _error(413, f"body over {settings.max_body_bytes} bytes")
         self._encoded = _error(415, "no Content-Encoding is accepted: send the JSON as it is")
-        self._unavailable = _error(
-            503,
-            "the update could not be recorded; Telegram will deliver it again",
-            {"Retry-After": str(settings.retry_after_seconds)},
-        )
 
     async def receive(self, bot: str, request: Request) -> Response:
         started = time.perf_counter()
@@ -122,14 +120,22 @@ class Intake:
         arrived = time.perf_counter()
         try:
             new = await self._committer.submit(row)
-        except CommitFailed:
-            return "unavailable", self._unavailable
+        except CommitFailed as error:
+            return "unavailable", self._not_recorded(row, error)
         finally:
             meters.commit_wait.observe(time.perf_counter() - arrived)
         if log.isEnabledFor(logging.DEBUG):
             state = "recorded" if new else "a duplicate, already recorded"
             log.debug("%s:%d: %s (%s, queue %s)", bot, row.update_id, state, update_type, queue_key)
         return ("accepted" if new else "duplicate"), OK
+
+    def _not_recorded(self, row: NewUpdate, error: CommitFailed) -> Response:
+        """503 + Retry-After: a request id for the client, the reason in the log under it (an
+        id is drawn only here, never for an update recorded)."""
+        request_id = logged(f"POST /telegram/{row.bot}, update {row.update_id}", error)
+        failure = Failure(503, NOT_RECORDED, request_id, self._settings.retry_after_seconds)
+        body = json.dumps(failure.body).encode()
+        return Response(body, 503, headers=failure.headers, media_type=JSON)
 
     async def _read_body(self, request: Request) -> bytes | None:
         """The body, or None when it is over the limit (declared or as it streams in)."""

@@ -34,9 +34,11 @@ class Message(BaseModel):
 
 
 class Problem(Message):
-    """What every refusal answers."""
+    """What every refusal answers; a failure (the database's, or one nothing expected) also
+    names the request id under which the server's log holds its detail."""
 
     error: str
+    request_id: str | None = None
 
 
 Attempt = Annotated[StrictInt, Field(ge=1, le=MAX_INTEGER, examples=[1])]
