@@ -29,7 +29,9 @@ SECURITY_HEADERS = {
     ),
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
+    # Not no-referrer: under it a browser sends `Origin: null` with the console's own forms,
+    # which `from_elsewhere` must refuse. same-origin tells other sites nothing either.
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 CROSS_SITE = "this form was sent from another site: open the console itself and send it there"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from tests.downstream import FakeDownstream, eventually, message, ok, status
@@ -223,8 +224,43 @@ async def test_an_operator_s_incident_in_the_console_of_a_run_process(
             )
             assert forged.status == 403
             assert (await client.get(f"{base}/healthz")).status_code == 200
+
+            # Another site's page that posts a valid key to the sign-in form signs nobody in.
+            await cross_site_sign_in_is_refused(browser, base)
         await page.close()
     assert_no_key_logged(run)
+
+
+async def cross_site_sign_in_is_refused(browser: Browser, base: str) -> None:
+    """A page of another site (localhost, another port) whose form posts a valid key to the
+    console's sign-in, submitted by script as the page loads."""
+    form = (
+        f'<form id="f" method="post" action="{base}/console/sign-in">'
+        f'<input name="key" value="{OPERATOR}"></form>'
+        '<script>document.getElementById("f").submit()</script>'
+    )
+
+    async def evil(_request: web.Request) -> web.Response:
+        return web.Response(text=form, content_type="text/html")
+
+    site = web.Application()
+    site.router.add_get("/", evil)
+    runner = web.AppRunner(site)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    visitor = await browser.new_context()
+    try:
+        page = await visitor.new_page()
+        await page.goto(f"http://localhost:{port}/")
+        await expect(page.get_by_role("alert")).to_contain_text("another site")
+        assert page.url == f"{base}/console/sign-in"
+        assert not [c for c in await visitor.cookies() if c["name"] == "intake_console"]
+        await page.goto(f"{base}/console")
+        await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    finally:
+        await visitor.close()
+        await runner.cleanup()
 
 
 async def screenshot_sign_in(page: Page, base: str, tmp_path: Path) -> None:
