@@ -300,6 +300,11 @@ class Settings(BaseSettings, BotOptions):
     console_secret: SecretStr | None = None
     console_session_seconds: int = Field(8 * 3600, ge=60, le=30 * 86_400)
     console_idle_seconds: int = Field(30 * 60, ge=60, le=30 * 86_400)
+    # Failed authentications (a wrong bearer key, a wrong key at the console's sign-in), per
+    # source address and per process (app.http.throttle): this many at once, then one more
+    # each auth_failure_seconds; past them the source is answered 429 until it waits.
+    auth_failures_burst: int = Field(10, ge=1, le=10_000)
+    auth_failure_seconds: float = Field(5, gt=0, le=3600)
 
     # Operational events (SPEC section 9; docs/operations.md): POSTed to operations_url, signed
     # with Standard Webhooks by operations_signing_secret (whsec_...), at least once: a failed

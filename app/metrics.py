@@ -97,7 +97,7 @@ PollResult = Literal["ok", "conflict", "rate_limited", "unauthorized", "failed"]
 # Why the server closed a client connection (app.http.server), and what the request guard
 # refused before any route ran (app.http.guard).
 CloseReason = Literal["header_timeout", "body_timeout", "keep_alive", "header_too_large", "evicted"]
-Refusal = Literal["duplicate_header", "unauthenticated", "encoding", "too_large"]
+Refusal = Literal["duplicate_header", "unauthenticated", "throttled", "encoding", "too_large"]
 
 # Seconds. The webhook's answer waits for a commit (milliseconds; commit_timeout_ms at worst);
 # a forward waits for the bot's own handler (forward_timeout_seconds, default 30).

@@ -1,6 +1,11 @@
 """The routes every process serves: /healthz, /readyz and /metrics. The service mounts them
 beside the intake and the API; `telegram-intake worker` serves them alone on
-INTAKE_WORKER_PORT. Each reads what it needs from `app.state`: settings, store, metrics."""
+INTAKE_WORKER_PORT. Each reads what it needs from `app.state`: settings, store, metrics.
+
+/readyz answers anyone, but says only ready or not (SPEC section 16): why it is not (a bot
+Telegram refuses, the schema's revision, the database's error) and the schema's capability
+are for a key with the viewer scope, which the request guard looks up when one is presented
+(`app.http.guard`)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import REFUSALS, Viewer
-from app.config import Settings
+from app.config import ApiKey, Settings
+from app.http.keys import API_KEY_SCOPE
 from app.metrics import CONTENT_TYPE, Metrics
 from app.store import OperatorStore, SchemaError, StoreError
 
@@ -34,21 +40,31 @@ async def healthz(request: Request) -> JSONResponse:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """The database answers and its schema serves every configured bot's mode."""
+    """The database answers and its schema serves every configured bot's mode: 200
+    `{"status": "ready"}` or 503 `{"status": "unavailable"}`; with a viewer key, the schema's
+    capability or what is wrong as well."""
+    details = await _readiness(request)
+    status = 200 if details["status"] == "ready" else 503
+    key: ApiKey | None = request.scope.get(API_KEY_SCOPE)
+    if key is None or not key.may("viewer"):
+        return JSONResponse({"status": details["status"]}, status)
+    return JSONResponse(details, status)
+
+
+async def _readiness(request: Request) -> dict[str, str]:
     store: OperatorStore = request.app.state.store
     try:
         await store.ping()
         check_capability(request.app.state.settings, store)
     except SchemaError as error:
-        return JSONResponse({"status": "unavailable", "error": str(error)}, 503)
+        return {"status": "unavailable", "error": str(error)}
     except (StoreError, OSError) as error:
-        problem = f"database unreachable ({type(error).__name__})"
-        return JSONResponse({"status": "unavailable", "error": problem}, 503)
+        return {"status": "unavailable", "error": f"database unreachable ({type(error).__name__})"}
     dispatcher = getattr(request.app.state, "dispatcher", None)
     stopped = [] if dispatcher is None else dispatcher.stopped_sources()
     if stopped:  # a bot whose poller cannot run (Telegram refuses its token)
-        return JSONResponse({"status": "unavailable", "error": "; ".join(stopped)}, 503)
-    return JSONResponse({"status": "ready", "capability": store.capability})
+        return {"status": "unavailable", "error": "; ".join(stopped)}
+    return {"status": "ready", "capability": store.capability}
 
 
 @router.get(

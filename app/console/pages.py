@@ -22,6 +22,7 @@ from app.api.deps import Services
 from app.console.forms import ConsoleRoute, acting, back_to, read_form, sessions, signed_in
 from app.console.session import Session
 from app.http.keys import Keys
+from app.http.throttle import AuthThrottle
 from app.overview import bots_overview
 from app.store import ClaimIdentity, ExhaustionFilter, UpdateFilter, validate
 from app.store.types import STATES
@@ -68,8 +69,20 @@ async def sign_in_form(request: Request) -> Response:
 @router.post("/sign-in")
 async def sign_in(request: Request) -> Response:
     form = await read_form(request)
+    # The guard's throttle (`app.http.throttle`), checked and counted with no await between,
+    # so that a flood of sign-ins sent at once cannot all pass the check before one counts.
+    throttle: AuthThrottle = request.app.state.auth_throttle
+    source = throttle.source(request.scope)
+    if wait := throttle.retry_after(source):
+        problem = f"Too many failed sign-ins from your address: wait {wait} s, then try again."
+        response = _page(request, "sign_in.html", None, problem=problem)
+        response.status_code = 429
+        response.headers["retry-after"] = str(wait)
+        return response
     keys: Keys = request.app.state.console_keys
     key = keys.find(form.get("key", "").strip())
+    if key is None:
+        throttle.failed(source)
     if key is None or not key.may("viewer"):
         problem = "That key is not valid here." if key is None else "That key may not view."
         response = _page(request, "sign_in.html", None, problem=problem)

@@ -8,7 +8,11 @@ only Starlette's own error and body-limit layers).
   (the console, with its own sign-in; the demo downstream) needs a valid bearer key: 401
   without one, the body unread (FastAPI reads a JSON body before any dependency runs, so a
   route's own check would come after the whole body sat in memory). The key found is kept
-  in the scope, where `app.api.deps` takes it.
+  in the scope, where `app.api.deps` takes it. `/readyz` answers without a key, but a key
+  presented to it is looked up as on any other path (a wrong one is 401): with a viewer key
+  it says why it is not ready (`app.api.health`).
+- Each wrong key counts against its source address (`app.http.throttle`); a source past its
+  allowance is 429 with `Retry-After` before its key is looked at, right or wrong.
 - Behind a key: a `Content-Encoding` other than `identity` is 415 (nothing here decodes one),
   and a body over `api_max_body_bytes`, declared or as it streams in, is 413.
 - An admitted request for a lean route (`app.api.lean`: the callbacks asked on every update)
@@ -33,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.config import ApiKey, Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED, NO_KEYS, Keys
+from app.http.throttle import AuthThrottle
 from app.metrics import Refusal
 
 if TYPE_CHECKING:
@@ -42,6 +47,8 @@ __all__ = ["PUBLIC_PATHS", "Refusal", "RequestGuard", "install_guard", "unsuppor
 
 # What answers without a key: Telegram's route and the probes.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+# The public path that reads a key when one is presented: with it, it says more.
+KEYED_WHEN_PRESENTED = "/readyz"
 WEBHOOK_PREFIX = "/telegram/"
 # Headers that must come at most once.
 _SINGLE = {
@@ -73,6 +80,7 @@ class RequestGuard:
         refused: Callable[[Refusal], None] | None = None,
         mounted: tuple[str, ...] = (),
         lean: Lean | None = None,
+        throttle: AuthThrottle | None = None,
     ) -> None:
         self.app = app
         self._lean = lean or {}
@@ -85,6 +93,7 @@ class RequestGuard:
         self._unauthenticated = NO_KEYS if no_keys else KEY_REQUIRED
         self._max_body_bytes = max_body_bytes
         self._refused = refused
+        self._throttle = throttle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,11 +112,33 @@ class RequestGuard:
             elif name == b"content-length":
                 declared = value
         path: str = scope["path"]
-        if path.startswith(self._open_prefixes) or path in self._open_paths:
+        authorization = once.get(b"authorization")
+        public = path.startswith(self._open_prefixes) or path in self._open_paths
+        # A key presented to /readyz is looked up, and a wrong one refused, as anywhere else.
+        if public and (path != KEYED_WHEN_PRESENTED or authorization is None):
             await self.app(scope, receive, send)
             return
-        key = self._key(once.get(b"authorization"))
+        throttle = self._throttle
+        # Before the key is looked at: a guesser past its allowance learns nothing more. With
+        # no failure remembered (the usual case) nobody is throttled: no address to read.
+        if (
+            throttle is not None
+            and len(throttle) > 0
+            and (wait := throttle.retry_after(throttle.source(scope)))
+        ):
+            await self._refuse(
+                send,
+                "throttled",
+                429,
+                f"too many failed authentications from this address: retry after {wait} s",
+                [(b"retry-after", b"%d" % wait)],
+            )
+            return
+        key = self._key(authorization)
         if key is None:
+            # Only a key presented and refused counts: a request with none guesses nothing.
+            if throttle is not None and authorization is not None:
+                throttle.failed(throttle.source(scope))
             await self._refuse(
                 send,
                 "unauthenticated",
@@ -190,7 +221,11 @@ def install_guard(
 ) -> None:
     """Put the request guard in front of `app`, with the keys and limits of `settings`, each
     refusal told to `refused` (the metrics' counter); the apps `mounted` at those paths are
-    left to check their own callers; the `lean` routes are answered by the guard itself."""
+    left to check their own callers; the `lean` routes are answered by the guard itself.
+    The guard's throttle of failed authentications is `app.state.auth_throttle`, for the
+    console's sign-in to count against too."""
+    throttle = AuthThrottle.of(settings)
+    app.state.auth_throttle = throttle
     app.add_middleware(
         RequestGuard,
         keys=Keys(settings.api_keys),
@@ -199,4 +234,5 @@ def install_guard(
         refused=refused,
         mounted=mounted,
         lean=lean,
+        throttle=throttle,
     )

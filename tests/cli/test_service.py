@@ -87,7 +87,7 @@ def until_line(stream: IO[str], pattern: str, within: float = 30) -> str:
 def test_run_demo_migrates_a_fresh_sqlite_file_and_records_updates(running: Running) -> None:
     base, url, secret, _ = running
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
-    assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "capability": "durable"}
+    assert httpx.get(f"{base}/readyz").json() == {"status": "ready"}  # no key: no more
     assert current_revision(url) == HEAD
     update = '{"update_id": 77, "message": {"chat": {"id": 5, "type": "private"}, "text": "hi"}}'
     headers = {"X-Telegram-Bot-Api-Secret-Token": secret, "Content-Type": "application/json"}

@@ -308,7 +308,12 @@ async def test_a_worker_serves_health_and_its_own_metrics_on_its_port(
         await eventually(lambda: table_rows(url, "state") == [("completed",)], within=10)
         async with httpx.AsyncClient(base_url=base, timeout=5) as client:
             assert (await client.get("/healthz")).json() == {"status": "ok"}
-            assert (await client.get("/readyz")).json()["status"] == "ready"
+            # As on `serve`: ready or not to anyone, the schema's capability to a viewer key.
+            assert (await client.get("/readyz")).json() == {"status": "ready"}
+            viewed = await client.get("/readyz", headers={"Authorization": f"Bearer {key}"})
+            assert viewed.json() == {"status": "ready", "capability": "durable"}
+            wrong = await client.get("/readyz", headers={"Authorization": "Bearer wrong-key.0123"})
+            assert wrong.status_code == 401
             assert (await client.get("/metrics")).status_code == 401
             scraped = await client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
             assert (await client.get("/telegram/default")).status_code == 404  # no intake here

@@ -170,7 +170,7 @@ async def test_a_token_telegram_refuses_stops_that_bot_s_poller_and_readyz_says_
     fake = FakeBotApi()
     port = free_port()
     async with serve_asgi(fake.app()) as bot_api:
-        env = polling_env(sqlite_storage.url(), downstream, bot_api, port=port)
+        env = polling_env(sqlite_storage.url(), downstream, bot_api, port=port, api_keys=KEY)
         env["INTAKE_BOT_TOKEN"] = "999:revoked-token-of-the-bot"
         with processes(tmp_path) as start:
             run = start("run", env, "run")
@@ -184,10 +184,15 @@ async def test_a_token_telegram_refuses_stops_that_bot_s_poller_and_readyz_says_
                         return None
                 return answer if answer.status_code == 503 else None
 
-            answer = await eventually(unready, within=30)
+            public = await eventually(unready, within=30)
             async with httpx.AsyncClient() as client:
+                answer = await client.get(
+                    f"{base}/readyz", headers={"authorization": f"Bearer {KEY}"}
+                )
                 healthy = await client.get(f"{base}/healthz")
         logs = run.stdout + run.stderr
+    assert public.json() == {"status": "unavailable"}  # why is for a viewer key only
+    assert answer.status_code == 503
     assert "Telegram refuses bot 'default'" in answer.json()["error"]
     assert healthy.status_code == 200  # not a dead loop: restarting would not help
     assert "polling stopped: Telegram refuses its token" in logs
