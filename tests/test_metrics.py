@@ -28,7 +28,7 @@ from app.metrics import Metrics
 from app.store import open_store
 from app.store.engine import create_sync_engine
 from tests.api.conftest import API_KEYS, CALLBACK_KEY, OPERATIONS_KEY, SHOP_KEY
-from tests.conftest import Storage, serve_asgi, table_rows
+from tests.conftest import Storage, rename_table, serve_asgi, table_rows
 from tests.downstream import (
     SECRET,
     FakeDownstream,
@@ -302,20 +302,12 @@ async def test_a_failing_stats_query_leaves_the_scrape_up_with_the_database_at_0
 ) -> None:
     url = storage.url()
 
-    def rename(old: str, new: str) -> None:
-        engine = create_sync_engine(url)
-        try:
-            with engine.begin() as connection:
-                connection.execute(text(f"ALTER TABLE {old} RENAME TO {new}"))
-        finally:
-            engine.dispose()
-
     async with serving(intake_settings(url)) as service:
         await service.post("shop", message(1))
         assert (await service.scrape())("database_up") == 1
-        rename("telegram_updates", "hidden_updates")
+        rename_table(url, "telegram_updates", "hidden_updates")
         failing = await service.scrape()
-        rename("hidden_updates", "telegram_updates")
+        rename_table(url, "hidden_updates", "telegram_updates")
         again = await service.scrape()
     assert failing("database_up") == 0
     assert not failing.has("rows")  # nothing rather than stale figures

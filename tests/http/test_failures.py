@@ -15,13 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import APIRouter
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from app.store import SqlUpdateStore
-from app.store.engine import create_store_engine, create_sync_engine
+from app.store.engine import create_store_engine
 from tests.api.conftest import KEY, Api, serving, wire
-from tests.conftest import POSTGRES_URL, Storage
+from tests.conftest import POSTGRES_URL, Storage, rename_table
 from tests.console.conftest import Console
 
 FAILURES = "app.http.failures"
@@ -60,15 +59,6 @@ async def database_gone(api: Api, storage: Storage, tmp_path: Path) -> AsyncIter
     finally:
         api.app.state.services, committer._store = services, live
         await dead.close()
-
-
-def rename_table(url: str, old: str, new: str) -> None:
-    engine = create_sync_engine(url)
-    try:
-        with engine.begin() as connection:
-            connection.execute(text(f"ALTER TABLE {old} RENAME TO {new}"))
-    finally:
-        engine.dispose()
 
 
 @contextmanager

@@ -494,11 +494,7 @@ class ControlMethods(DurableMethods):
             after = validate.positive("after", after)
         if bots is not None:
             bots = [validate.bot_name(bot) for bot in bots]
-            if self.audit_bots_table is None:
-                raise SchemaError(
-                    f"the audit log of some bots needs revision 0005 but table "
-                    f"{self.table.name!r} is at revision {self.revision}; {UPGRADE_HINT}"
-                )
+            self._needing(self.audit_bots_table, "the audit log of some bots", "0005")
         statement = control.audit_log(
             audit, self.audit_bots_table, after=after, limit=limit, bots=bots
         )

@@ -189,6 +189,16 @@ class SqlCore:
         self._backend.prepare(self.table, self.wake_channel, self._history(), self._outbox())
         return self._capability
 
+    def _needing(self, table: Table | None, feature: str, revision: Revision) -> Table:
+        """`table`, one of those `revision` adds; SchemaError naming the upgrade when the live
+        schema is below it."""
+        if table is None:
+            raise SchemaError(
+                f"{feature} needs revision {revision} but table {self.table.name!r} is at "
+                f"revision {self.revision}; {UPGRADE_HINT}"
+            )
+        return table
+
     def require(self, level: Capability, feature: str) -> None:
         """Stop with SchemaError when the live schema is below `level`."""
         if _LEVELS[self._capability] < _LEVELS[level]:

@@ -9,7 +9,6 @@ from sqlalchemy import Table
 
 from app.store import polling, validate
 from app.store.engine import translated_errors
-from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.sqlstore.core import check_lease
 from app.store.sqlstore.events import EventMethods
 from app.store.types import NewUpdate
@@ -17,12 +16,7 @@ from app.store.types import NewUpdate
 
 class PollingMethods(EventMethods):
     def _poll_table(self, feature: str) -> Table:
-        if self.bots_table is None:
-            raise SchemaError(
-                f"{feature} needs revision 0004 but table {self.table.name!r} is at revision "
-                f"{self.revision}; {UPGRADE_HINT}"
-            )
-        return self.bots_table
+        return self._needing(self.bots_table, feature, "0004")
 
     async def take_poller(self, bot: str, *, holder: str, now: int, lease_until: int) -> int | None:
         """Take (or, as its holder, renew) the lease of `bot`'s one poller across every

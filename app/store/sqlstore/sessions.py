@@ -7,18 +7,12 @@ from __future__ import annotations
 from sqlalchemy import Table
 
 from app.store import sessions, validate
-from app.store.errors import UPGRADE_HINT, SchemaError
 from app.store.sqlstore.polling import PollingMethods
 
 
 class SessionMethods(PollingMethods):
     def _sessions(self, feature: str) -> Table:
-        if self.sessions_table is None:
-            raise SchemaError(
-                f"{feature} needs revision 0005 but table {self.table.name!r} is at revision "
-                f"{self.revision}; {UPGRADE_HINT}"
-            )
-        return self.sessions_table
+        return self._needing(self.sessions_table, feature, "0005")
 
     async def start_session(
         self, session_id: str, *, key_digest: str, at: int, idle_ms: int, lifetime_ms: int
