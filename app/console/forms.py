@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.console.session import Session, Sessions
 from app.http.failures import Failure, failure_of
-from app.intake.sources import Network, came_over_https, client_address
+from app.http.sources import Network, came_over_https, client_address
 
 MAX_FORM_BYTES = 16 << 10  # the largest console form: a filter and a token
 FORM_TYPE = "application/x-www-form-urlencoded"

@@ -29,7 +29,7 @@ from starlette.responses import Response
 
 from app.api.deps import Services
 from app.config import ApiKey, Settings
-from app.intake.sources import came_over_https
+from app.http.sources import came_over_https
 
 COOKIE = "intake_console"
 PATH = "/console"

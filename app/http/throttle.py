@@ -9,7 +9,7 @@ sleeps: a right key is answered at once and never counts, and a source that is n
 never slowed, whatever other sources do.
 
 The source is the request's address as the webhook's allowlist reads it
-(`app.intake.sources.client_address`: `X-Forwarded-For` only from `trusted_proxies`, so a
+(`app.http.sources.client_address`: `X-Forwarded-For` only from `trusted_proxies`, so a
 client cannot claim another address). An IPv6 source counts as its /64, which one host or
 one subscriber usually holds whole; a request whose address cannot be told (no peer address)
 counts under one shared source.
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from starlette.types import Scope
 
 from app.config import Settings
-from app.intake.sources import Network, client_address
+from app.http.sources import Network, client_address
 
 __all__ = ["MAX_SOURCES", "AuthThrottle"]
 

@@ -31,9 +31,9 @@ from starlette.requests import ClientDisconnect
 from app.config import Settings
 from app.http.failures import Failure, logged
 from app.http.guard import unsupported_encoding
+from app.http.sources import client_address, source_allowed
 from app.http.strict_json import NotJson, read_json
 from app.intake.committer import CommitFailed, GroupCommitter
-from app.intake.sources import client_address, source_allowed
 from app.intake.updates import classify
 from app.metrics import UNKNOWN_BOT, IntakeMeters, IntakeResult, Metrics
 from app.store import NewUpdate

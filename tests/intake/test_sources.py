@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from app.config import TELEGRAM_SOURCES
-from app.intake.sources import client_address, source_allowed
+from app.http.sources import client_address, source_allowed
 from tests.conftest import table_rows
 from tests.intake.conftest import SECRET, Serve, post
 
