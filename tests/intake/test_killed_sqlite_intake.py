@@ -65,24 +65,30 @@ async def test_every_update_answered_200_survives_a_sigkill_mid_stream(
                     accepted.add(update_id)
 
         lanes = [asyncio.create_task(lane(number)) for number in range(1, CLIENTS + 1)]
-        deadline = time.monotonic() + 60
-        while len(accepted) < BEFORE_THE_KILL:
-            assert time.monotonic() < deadline, target.process.report()
-            assert not any(task.done() for task in lanes), target.process.report()
-            await asyncio.sleep(0.01)
-        locker = sqlite3.connect(path, isolation_level=None)
         try:
-            locker.execute("BEGIN IMMEDIATE")
-            answered = len(accepted)
-            await asyncio.sleep(0.5)  # well within the busy timeout and the commit budget
-            waited = len(sent) - len(accepted)
-            target.process.signal(signal.SIGKILL)
-            assert target.process.popen.wait(timeout=10) == -signal.SIGKILL
-            locker.execute("ROLLBACK")
+            deadline = time.monotonic() + 60
+            while len(accepted) < BEFORE_THE_KILL:
+                assert time.monotonic() < deadline, (len(accepted), target.process.report())
+                assert not any(task.done() for task in lanes), target.process.report()
+                await asyncio.sleep(0.01)
+            locker = sqlite3.connect(path, isolation_level=None)
+            try:
+                locker.execute("BEGIN IMMEDIATE")
+                answered = len(accepted)
+                await asyncio.sleep(0.5)  # well within the busy timeout and the commit budget
+                waited = len(sent) - len(accepted)
+                target.process.signal(signal.SIGKILL)
+                assert target.process.popen.wait(timeout=10) == -signal.SIGKILL
+                locker.execute("ROLLBACK")
+            finally:
+                locker.close()
         finally:
-            locker.close()
-        killed.set()
-        await asyncio.gather(*lanes)
+            # Whatever happened, no lane outlives its client (a failure here must not leave
+            # requests of a closed client to later tests of this worker).
+            killed.set()
+            for task in lanes:
+                task.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
 
     with sqlite3.connect(path) as connection:
         stored = {row[0] for row in connection.execute("SELECT update_id FROM telegram_updates")}
