@@ -154,18 +154,21 @@ async def test_an_incident_s_events_reach_operations_url_signed_at_least_once(
     grouped = events_by_id(downstream.operations)
     bodies = {event_id: [d.body for d in deliveries] for event_id, deliveries in grouped.items()}
     events = {event_id: json.loads(found[0]) for event_id, found in bodies.items()}
-    assert sorted(event["type"] for event in events.values()) == sorted(
-        [
-            "exhaustion.created",
-            "bot.paused",
-            "backlog.stale",
-            "bot.resumed",
-            "redrive.finished",
-            "telegram.webhook_error",
-            "breaker.opened",
-            "breaker.closed",
-        ]
-    )
+    types = [event["type"] for event in events.values()]
+    expected = [
+        "exhaustion.created",
+        "bot.paused",
+        "backlog.stale",
+        "bot.resumed",
+        "redrive.finished",
+        "telegram.webhook_error",
+        "breaker.opened",
+        "breaker.closed",
+    ]
+    assert sorted(set(types)) == sorted(expected)
+    # Each once; backlog.stale may begin a second episode on a slow machine, while the open
+    # breaker holds update 3 for longer than stale_after_seconds.
+    assert [t for t in expected if types.count(t) != 1] in ([], ["backlog.stale"]), types
     # At least once: the refused deliveries came again, the same id and the same body.
     deliveries = sum(len(found) for found in bodies.values())
     assert deliveries == len(events) + REFUSED, bodies

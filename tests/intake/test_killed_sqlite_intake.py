@@ -30,7 +30,7 @@ from tests.hostile.campaign import WEBHOOK, start_target
 pytestmark = pytest.mark.slow  # a real process
 
 CLIENTS = 32
-BEFORE_THE_KILL = 3_000  # updates answered 200 before the process is killed
+BEFORE_THE_KILL = 1_000  # updates answered 200 before the process is killed
 
 
 async def test_every_update_answered_200_survives_a_sigkill_mid_stream(
@@ -66,7 +66,7 @@ async def test_every_update_answered_200_survives_a_sigkill_mid_stream(
 
         lanes = [asyncio.create_task(lane(number)) for number in range(1, CLIENTS + 1)]
         try:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120  # a loaded CI machine: the speed is not the point
             while len(accepted) < BEFORE_THE_KILL:
                 assert time.monotonic() < deadline, (len(accepted), target.process.report())
                 assert not any(task.done() for task in lanes), target.process.report()
@@ -89,6 +89,7 @@ async def test_every_update_answered_200_survives_a_sigkill_mid_stream(
             for task in lanes:
                 task.cancel()
             await asyncio.gather(*lanes, return_exceptions=True)
+            target.process.kill()  # and the process is reaped, killed above or not
 
     with sqlite3.connect(path) as connection:
         stored = {row[0] for row in connection.execute("SELECT update_id FROM telegram_updates")}
