@@ -17,6 +17,7 @@ from app.config import ApiKey, Settings
 from app.http.keys import API_KEY_SCOPE
 from app.metrics import CONTENT_TYPE, Metrics
 from app.store import OperatorStore, SchemaError, StoreError
+from app.store.errors import UPGRADE_HINT
 
 router = APIRouter(tags=["operations"])
 
@@ -43,27 +44,32 @@ async def readyz(request: Request) -> JSONResponse:
     """The database answers and its schema serves every configured bot's mode: 200
     `{"status": "ready"}` or 503 `{"status": "unavailable"}`; with a viewer key, the schema's
     capability or what is wrong as well."""
-    details = await _readiness(request)
-    status = 200 if details["status"] == "ready" else 503
     key: ApiKey | None = request.scope.get(API_KEY_SCOPE)
+    details = await _readiness(request, None if key is None else key.bots)
+    status = 200 if details["status"] == "ready" else 503
     if key is None or not key.may("viewer"):
         return JSONResponse({"status": details["status"]}, status)
     return JSONResponse(details, status)
 
 
-async def _readiness(request: Request) -> dict[str, str]:
+async def _readiness(request: Request, bots: tuple[str, ...] | None) -> dict[str, str]:
+    """Ready or not, and why, as a viewer key of `bots` (None: every bot) may read it: no
+    table or driver text, and of a stopped poller only its own bots' (another bot's makes
+    the process unavailable without being named)."""
     store: OperatorStore = request.app.state.store
     try:
         await store.ping()
         check_capability(request.app.state.settings, store)
-    except SchemaError as error:
-        return {"status": "unavailable", "error": str(error)}
+    except SchemaError:
+        problem = f"the database schema is below what the bots need; {UPGRADE_HINT}"
+        return {"status": "unavailable", "error": problem}
     except (StoreError, OSError) as error:
         return {"status": "unavailable", "error": f"database unreachable ({type(error).__name__})"}
     dispatcher = getattr(request.app.state, "dispatcher", None)
-    stopped = [] if dispatcher is None else dispatcher.stopped_sources()
+    stopped = {} if dispatcher is None else dispatcher.stopped_sources()
     if stopped:  # a bot whose poller cannot run (Telegram refuses its token)
-        return {"status": "unavailable", "error": "; ".join(stopped)}
+        told = [why for bot, why in stopped.items() if bots is None or bot in bots]
+        return {"status": "unavailable", "error": "; ".join(told) or "a bot cannot take updates"}
     return {"status": "ready", "capability": store.capability}
 
 

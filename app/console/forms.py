@@ -105,6 +105,10 @@ def from_elsewhere(request: Request) -> bool:
     site = request.headers.get("sec-fetch-site", "").strip().lower()
     if site in ("cross-site", "same-site"):
         return True
+    # A browser sets Sec-Fetch-Site itself (no page can): when it says same-origin, that is
+    # the answer, whatever a proxy did to Host on the way (nginx's default rewrites it).
+    if site in ("same-origin", "none"):
+        return False
     origin = request.headers.get("origin")
     if origin is None:
         return False
@@ -156,10 +160,11 @@ def sessions(request: Request) -> Sessions:
     return found
 
 
-async def signed_in(request: Request) -> Session:
-    """The request's session; SignInNeeded without one. Kept on the request for its error
-    page, which shows who is signed in without asking the database again."""
-    session = await sessions(request).of(request, request.app.state.services)
+async def signed_in(request: Request, *, seen: bool = True) -> Session:
+    """The request's session (`seen`: a person's request, which keeps it from going idle);
+    SignInNeeded without one. Kept on the request for its error page, which shows who is
+    signed in without asking the database again."""
+    session = await sessions(request).of(request, request.app.state.services, seen=seen)
     if session is None:
         raise SignInNeeded
     request.state.console_session = session

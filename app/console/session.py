@@ -13,7 +13,10 @@ process at once and with no restart:
   change of any key ends every session).
 The cookie is HttpOnly, SameSite=Strict, and Secure when the request came over HTTPS (directly,
 or through a proxy of `trusted_proxies` that says so in X-Forwarded-Proto). Every form carries a
-CSRF token: the session's token signed under another salt, valid for this session only.
+CSRF token: an HMAC of the session's id under the secret, valid for this session only (never the
+token itself, which pages would then carry where the HttpOnly cookie keeps it from scripts).
+A request a page makes by itself (the overview's refresh) finds its session without marking it
+seen, so an open tab left alone still ends after the idle time.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-from itsdangerous import BadSignature, Signer, URLSafeTimedSerializer
+from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -59,7 +62,6 @@ class Sessions:
         secret = _secret(settings)
         self._secret = secret
         self._cookies = URLSafeTimedSerializer(secret, salt="console-session")
-        self._csrf = Signer(secret, salt="console-csrf")
         self._keys = {self._digest(key): key for key in settings.api_keys}
         self._lifetime_ms = settings.console_session_seconds * 1000
         self._idle_ms = settings.console_idle_seconds * 1000
@@ -101,9 +103,11 @@ class Sessions:
         await services.store.end_session(session.id)
         response.delete_cookie(COOKIE, path=PATH, httponly=True, samesite="strict")
 
-    async def of(self, request: Request, services: Services) -> Session | None:
+    async def of(
+        self, request: Request, services: Services, *, seen: bool = True
+    ) -> Session | None:
         """The request's session: its cookie is ours, the session is live in the database
-        (now marked seen), and its key is still configured with the same value."""
+        (with `seen`, now marked seen), and its key is still configured with the same value."""
         value = request.cookies.get(COOKIE)
         if not value:
             return None
@@ -115,12 +119,17 @@ class Sessions:
             return None
         session_id = _session_id(token)
         digest = await services.store.find_session(
-            session_id, at=services.now(), idle_ms=self._idle_ms, lifetime_ms=self._lifetime_ms
+            session_id,
+            at=services.now(),
+            idle_ms=self._idle_ms,
+            lifetime_ms=self._lifetime_ms,
+            seen=seen,
         )
         key = None if digest is None else self._keys.get(digest)
         if key is None:
             return None
-        return Session(key, session_id, self._csrf.sign(token).decode())
+        csrf = hmac.new(self._secret, b"console-csrf\0" + session_id.encode(), hashlib.sha256)
+        return Session(key, session_id, csrf.hexdigest())
 
     @staticmethod
     def csrf_matches(session: Session, given: str | None) -> bool:

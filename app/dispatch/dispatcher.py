@@ -208,9 +208,9 @@ class Dispatcher:
         ]
         return {f"poller {poller.bot.name}": poller.run() for poller in self._pollers}
 
-    def stopped_sources(self) -> list[str]:
-        """Why a bot's updates cannot come in (a poller whose token Telegram refuses)."""
-        return [poller.stopped for poller in self._pollers if poller.stopped is not None]
+    def stopped_sources(self) -> dict[str, str]:
+        """Why a bot's updates cannot come in (a poller whose token Telegram refuses), by bot."""
+        return {p.bot.name: p.stopped for p in self._pollers if p.stopped is not None}
 
     def _operations(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The loops of operational events (`app.dispatch.events`) these settings ask for."""

@@ -11,12 +11,14 @@ never slowed, whatever other sources do.
 The source is the request's address as the webhook's allowlist reads it
 (`app.http.sources.client_address`: `X-Forwarded-For` only from `trusted_proxies`, so a
 client cannot claim another address). An IPv6 source counts as its /64, which one host or
-one subscriber usually holds whole; a request whose address cannot be told (no peer address)
-counts under one shared source.
+one subscriber usually holds whole. A request whose address cannot be told (no peer address:
+a server on a unix socket) is not throttled at all: all such requests would share one
+allowance, and one stranger could spend it for everyone.
 
 Memory stays bounded: the table holds at most `max_sources` sources, in the order they last
-failed. A source whose bucket has refilled is forgotten; when a flood of new sources fills
-the table, the one that failed longest ago is forgotten first (and may guess again).
+failed. Sources at its front whose buckets have refilled are forgotten as new failures come;
+when a flood of new sources fills the table, the one that failed longest ago is forgotten
+first (and may guess again).
 
 Across processes and hosts nothing is shared: each process counts on its own, in memory,
 and forgets on restart. N processes behind a balancer (or `serve` and each `worker` port)
@@ -94,7 +96,9 @@ class AuthThrottle:
 
     def retry_after(self, source: str) -> int:
         """Whole seconds `source` must wait before its next authentication (at least 1), or 0
-        when it is not throttled."""
+        when it is not throttled (a source that cannot be told never is)."""
+        if source == UNKNOWN_SOURCE:
+            return 0
         full_at = self._full_at.get(source)
         if full_at is None:
             return 0
@@ -102,7 +106,10 @@ class AuthThrottle:
         return max(1, math.ceil(wait)) if wait > 0 else 0
 
     def failed(self, source: str) -> None:
-        """Count a failed authentication of `source`."""
+        """Count a failed authentication of `source` (not of one that cannot be told: all
+        such requests would share one allowance, and one stranger could spend it for all)."""
+        if source == UNKNOWN_SOURCE:
+            return
         now = self._clock()
         full_at = self._full_at.pop(source, None)
         self._forget(now)

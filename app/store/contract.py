@@ -507,11 +507,11 @@ class OperatorStore(DurableUpdateStore, Protocol):
         ...
 
     async def find_session(
-        self, session_id: str, *, at: int, idle_ms: int, lifetime_ms: int
+        self, session_id: str, *, at: int, idle_ms: int, lifetime_ms: int, seen: bool = True
     ) -> str | None:
         """The key digest of session `session_id` if it is live at `at` (seen within
-        `idle_ms`, started within `lifetime_ms`), marking it seen at `at`; None for a session
-        that ended, was never started, or was ended by `end_session`."""
+        `idle_ms`, started within `lifetime_ms`), with `seen` marking it seen at `at`; None
+        for a session that ended, was never started, or was ended by `end_session`."""
         ...
 
     async def end_session(self, session_id: str) -> bool:

@@ -135,3 +135,27 @@ async def test_the_database_never_holds_the_sessions_token(storage: Storage) -> 
         assert token not in stored
         assert OPERATOR_KEY not in stored
         assert hashlib.sha256(token.encode()).hexdigest() == rows[0].id
+
+
+async def test_the_overview_s_own_refresh_does_not_keep_a_session_from_going_idle(
+    storage: Storage,
+) -> None:
+    async with _console(storage.url(), console_idle_seconds=600) as console:
+        cookie = await _signed_in(console)
+        await _age(console.api, seen_ms=590_000)
+        async with httpx.AsyncClient(
+            base_url=console.api.base, cookies={COOKIE: cookie}
+        ) as browser:  # the page's script, fetching the live part of an open tab
+            part = await browser.get("/console/overview.part")
+        assert part.status_code == 200
+        await _age(console.api, seen_ms=11_000)  # idle for 601 s, refreshes or not
+        assert not await _opens(console, cookie)
+
+
+async def test_the_csrf_token_is_not_the_session_s_token(storage: Storage) -> None:
+    async with _console(storage.url()) as console:
+        cookie = await _signed_in(console)
+        token = URLSafeTimedSerializer(SECRET.encode(), salt="console-session").loads(cookie)
+        assert console.csrf
+        assert token not in console.csrf
+        assert token not in (await console.get("/console/bots")).text

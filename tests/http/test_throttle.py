@@ -112,6 +112,17 @@ def test_the_source_is_read_as_the_webhook_s_allowlist_reads_it() -> None:
     assert limiter.source(scope(None)) == "(unknown)"
 
 
+def test_a_source_that_cannot_be_told_is_never_throttled() -> None:
+    # On a unix socket every request would be "(unknown)": one stranger must not be able to
+    # spend one shared allowance for every client.
+    limiter = AuthThrottle(burst=2, seconds=60)
+    unknown = limiter.source({"type": "http", "client": None, "headers": []})
+    for _ in range(10):
+        limiter.failed(unknown)
+    assert limiter.retry_after(unknown) == 0
+    assert len(limiter) == 0
+
+
 # -- bearer keys, through the request guard ----------------------------------------------------
 
 
@@ -237,6 +248,13 @@ async def test_wrong_sign_ins_past_the_burst_throttle_that_address_alone(
         signed_in = await sign_in(api.http, VIEWER_KEY)
         assert signed_in.status_code == 303
         assert "set-cookie" in signed_in.headers
+
+
+async def test_an_empty_sign_in_counts_no_failure(sqlite_storage: Storage) -> None:
+    async with served(sqlite_storage) as (api, _other):
+        for _ in range(BURST * 2):
+            assert (await sign_in(api.http, "")).status_code == 401
+        assert (await sign_in(api.http, VIEWER_KEY)).status_code == 303
 
 
 async def test_the_guard_and_the_console_count_against_one_allowance(

@@ -59,10 +59,17 @@ async def _sessions(store: OperatorStore, f: _Findings) -> None:
     f.equal(await find("nobody", 1_000), None, "a session never started")
     f.equal(await find("b", 1_001), None, "a session idle past its time")
     f.equal(await find("a", 1_900), "key-1", "a session kept alive by its requests")
-    for at in range(2_800, 10_001, 900):
-        await find("a", at)
-    f.equal(await find("a", 10_000), "key-1", "a session at the end of its lifetime")
-    f.equal(await find("a", 10_001), None, "a session past its lifetime, however busy")
+    looked = await store.find_session("a", at=2_800, idle_ms=IDLE, lifetime_ms=LIFETIME, seen=False)
+    f.equal(looked, "key-1", "a session looked at, not seen")
+    unseen = await store.find_session("a", at=2_901, idle_ms=IDLE, lifetime_ms=LIFETIME, seen=False)
+    f.equal(unseen, None, "a session only looked at since its idle time began")
+    await store.start_session(
+        "a2", key_digest="key-1", at=2_000, idle_ms=IDLE, lifetime_ms=LIFETIME
+    )
+    for at in range(2_800, 12_001, 900):
+        await find("a2", at)
+    f.equal(await find("a2", 12_000), "key-1", "a session at the end of its lifetime")
+    f.equal(await find("a2", 12_001), None, "a session past its lifetime, however busy")
     await store.start_session(
         "c", key_digest="key-1", at=20_000, idle_ms=IDLE, lifetime_ms=LIFETIME
     )

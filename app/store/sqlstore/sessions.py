@@ -32,17 +32,19 @@ class SessionMethods(PollingMethods):
             )
 
     async def find_session(
-        self, session_id: str, *, at: int, idle_ms: int, lifetime_ms: int
+        self, session_id: str, *, at: int, idle_ms: int, lifetime_ms: int, seen: bool = True
     ) -> str | None:
-        """The key digest of a session live at `at`, now marked seen then; else None."""
+        """The key digest of a session live at `at` (with `seen`, now marked seen then);
+        else None."""
         table = self._sessions("find_session")
         session_id = validate.text("session_id", session_id)
         at = validate.millis("at", at)
         idle_ms, lifetime_ms = _bounds(idle_ms, lifetime_ms)
-        statement = sessions.seen(
+        build = sessions.seen if validate.flag("seen", seen) else sessions.live
+        statement = build(
             table, session_id=session_id, at=at, idle_ms=idle_ms, lifetime_ms=lifetime_ms
         )
-        async with self._write() as connection:
+        async with self._write() if seen else self._read() as connection:
             digest = (await connection.execute(statement)).scalar_one_or_none()
         return None if digest is None else str(digest)
 
