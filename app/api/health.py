@@ -45,17 +45,16 @@ async def readyz(request: Request) -> JSONResponse:
     `{"status": "ready"}` or 503 `{"status": "unavailable"}`; with a viewer key, the schema's
     capability or what is wrong as well."""
     key: ApiKey | None = request.scope.get(API_KEY_SCOPE)
-    details = await _readiness(request, None if key is None else key.bots)
+    details = await _readiness(request, key)
     status = 200 if details["status"] == "ready" else 503
     if key is None or not key.may("viewer"):
         return JSONResponse({"status": details["status"]}, status)
     return JSONResponse(details, status)
 
 
-async def _readiness(request: Request, bots: tuple[str, ...] | None) -> dict[str, str]:
-    """Ready or not, and why, as a viewer key of `bots` (None: every bot) may read it: no
-    table or driver text, and of a stopped poller only its own bots' (another bot's makes
-    the process unavailable without being named)."""
+async def _readiness(request: Request, key: ApiKey | None) -> dict[str, str]:
+    """Ready or not, and why, as `key` may read it: no table or driver text, and of a stopped
+    poller only its bots' (another bot's makes the process unavailable without being named)."""
     store: OperatorStore = request.app.state.store
     try:
         await store.ping()
@@ -68,7 +67,7 @@ async def _readiness(request: Request, bots: tuple[str, ...] | None) -> dict[str
     dispatcher = getattr(request.app.state, "dispatcher", None)
     stopped = {} if dispatcher is None else dispatcher.stopped_sources()
     if stopped:  # a bot whose poller cannot run (Telegram refuses its token)
-        told = [why for bot, why in stopped.items() if bots is None or bot in bots]
+        told = [why for bot, why in stopped.items() if key is not None and key.allows(bot)]
         return {"status": "unavailable", "error": "; ".join(told) or "a bot cannot take updates"}
     return {"status": "ready", "capability": store.capability}
 
