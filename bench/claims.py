@@ -34,7 +34,10 @@ SERIES = {
         "SELECT n FROM s"
     ),
 }
-COLUMNS = "bot, update_id, body, update_type, queue_key, state, attempts, due_at, received_at"
+# queue_rule 1: rows as this code records them (without it, revision 0006's trigger keys them).
+COLUMNS = (
+    "bot, update_id, body, update_type, queue_key, state, attempts, due_at, received_at, queue_rule"
+)
 BODY = '{"update_id": 1, "message": {"text": "bench"}}'
 
 
@@ -52,7 +55,7 @@ async def fill(engine: AsyncEngine, *, blocked: int, per_chat: int) -> None:
                 text(
                     f"INSERT INTO telegram_updates ({COLUMNS}, claim_id) VALUES ('{BOT}', 1, "
                     f"'{BODY}', 'message', 'hot', 'failed', 1, {NOW + 3_600_000}, "
-                    f"{NOW - 10**8}, 'a-claim-id')"
+                    f"{NOW - 10**8}, 1, 'a-claim-id')"
                 )
             )
             groups.append(("1 + n", "'hot'", f"{NOW} - 10000000 + n", blocked))
@@ -60,7 +63,7 @@ async def fill(engine: AsyncEngine, *, blocked: int, per_chat: int) -> None:
             await connection.execute(
                 text(
                     f"INSERT INTO telegram_updates ({COLUMNS}) SELECT '{BOT}', {update_id}, "
-                    f"'{BODY}', 'message', {queue_key}, 'pending', 0, {due_at}, {due_at} "
+                    f"'{BODY}', 'message', {queue_key}, 'pending', 0, {due_at}, {due_at}, 1 "
                     f"FROM ({series}) AS s"
                 ),
                 {"count": count},

@@ -70,7 +70,7 @@ async def fill(store: SqlUpdateStore, count: int, start: int = START) -> None:
     statement = text(
         f"INSERT INTO {store.table.name} (bot, update_id, body, update_type, queue_key, state, "
         "attempts, due_at, received_at, settled_at, error, claim_id, exhausted_at, "
-        "acknowledged_at) "
+        "acknowledged_at, queue_rule) "
         f"SELECT CASE n % 3 WHEN 0 THEN 'shop' WHEN 1 THEN 'news' ELSE 'alerts' END, n, "
         '\'{"update_id": \' || n || \', "message": {"chat": {"id": \' || (n % '
         f"{CHATS}) || '}}, \"text\": \"order ' || n || '\"}}}}', "
@@ -79,7 +79,7 @@ async def fill(store: SqlUpdateStore, count: int, start: int = START) -> None:
         f"CASE WHEN {state} = 'completed' THEN {received} END, "
         f"CASE WHEN {state} IN ('failed', 'abandoned') THEN 'HTTP 500' END, "
         f"CASE WHEN {state} = 'pending' THEN NULL ELSE 'c' || n END, "
-        f"CASE WHEN {state} = 'abandoned' THEN {received} END, NULL "
+        f"CASE WHEN {state} = 'abandoned' THEN {received} END, NULL, 1 "
         f"FROM ({_SERIES[dialect]}) AS s"
     )
     async with store.engine.begin() as connection:

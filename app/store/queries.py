@@ -64,7 +64,7 @@ from app.store.predicates import (
     transition_returning,
     unacknowledged,
 )
-from app.store.schema import bots_table_name
+from app.store.schema import QUEUE_RULE, bots_table_name
 from app.store.types import ClaimIdentity, HandedBack, Ordering, Settlement
 
 # -- base (revision 0001 columns only) ---------------------------------------------------------
@@ -95,13 +95,18 @@ def add_many(t: Table, batch: FromClause, dialect: str) -> Insert:
     RETURNING, SQLite by the count it inserted (and `sqlite.inserted` when some were not new)."""
     columns = ADD_COLUMNS
     # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
-    source = select(
+    values = [
         *(batch.c[name] for name in columns),
         literal_column("'pending'"),
         literal_column("0"),
         batch.c.received_at,
-    ).where(true())  # SQLite reads ON CONFLICT after a SELECT with no WHERE as a join's ON
+    ]
     names = [*columns, "state", "attempts", "due_at"]
+    if "queue_rule" in t.c:  # revision 0006: the keys are Telegram's queues (app.queues)
+        values.append(literal_column(str(QUEUE_RULE)))
+        names.append("queue_rule")
+    # SQLite reads ON CONFLICT after a SELECT with no WHERE as a join's ON.
+    source = select(*values).where(true())
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     statement = insert(t).from_select(names, source)
     return statement.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])

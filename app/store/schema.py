@@ -46,8 +46,8 @@ from app.store import validate
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
-Revision = Literal["0001", "0002", "0003", "0004", "0005"]
-HEAD: Revision = "0005"
+Revision = Literal["0001", "0002", "0003", "0004", "0005", "0006"]
+HEAD: Revision = "0006"
 # What each revision adds, in order: `revision_of` reads a live schema by it (the columns of
 # the updates table, and the tables beside it by their suffix).
 ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
@@ -55,11 +55,15 @@ ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0003": ("uncounted", "delivery_due_at", "deliveries"),
     "0004": (),
     "0005": (),
+    "0006": ("queue_rule",),
 }
 ADDED_TABLES: dict[Revision, tuple[str, ...]] = {
     "0004": ("_attempts", "_bots", "_audit", "_events"),
     "0005": ("_audit_bots", "_sessions"),
 }
+# queue_rule of a row whose queue_key this code computed: Telegram's queues as `app.queues`
+# reads them (Bot API 10.0). A later table that moves a queue takes the next number.
+QUEUE_RULE = 1
 # Attempt outcomes as `_attempts` records them (NULL while the attempt runs, and for an
 # attempt whose lease lapsed before it ended: a reader calls that one "lost").
 OUTCOMES = ("completed", "failed", "abandoned", "exhausted", "handed_back", "parked")
@@ -135,6 +139,10 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
             Column("delivery_due_at", BigInteger, nullable=True),
             Column("deliveries", Integer, nullable=False, server_default=text("0")),
         ]
+    if revision >= "0006":
+        # Which table computed queue_key: NULL for a row recorded by code older than 0006 (the
+        # database keys it on insert, app/store/rekey.py), QUEUE_RULE for Telegram's queues.
+        columns.append(Column("queue_rule", Integer, nullable=True))
     updates = Table(
         table,
         metadata,

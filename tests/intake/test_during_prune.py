@@ -48,10 +48,10 @@ PRUNE_DEADLINE_SECONDS = 240.0
 FILL = f"""
 WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < {OLD_ROWS})
 INSERT INTO telegram_updates (bot, update_id, body, update_type, queue_key, state, attempts,
-    due_at, received_at, settled_at, claim_id)
+    due_at, received_at, settled_at, claim_id, queue_rule)
 SELECT 'default', n, '{{"update_id": ' || n || ', "message": {{"text": "old"}}}}', 'message',
     CAST(n % 5000 AS TEXT), 'completed', 1, {SETTLED_AT}, {SETTLED_AT}, {SETTLED_AT},
-    printf('%032x', n)
+    printf('%032x', n), 1
 FROM s
 """
 

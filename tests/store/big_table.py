@@ -61,11 +61,11 @@ async def fill(
                     text(
                         f"INSERT INTO {table} (bot, update_id, body, update_type, queue_key, "
                         "state, attempts, due_at, received_at, settled_at, error, claim_id, "
-                        "exhausted_at, acknowledged_at) "
+                        "exhausted_at, acknowledged_at, queue_rule) "
                         f"SELECT CASE WHEN n % 2 = 0 THEN 'shop' ELSE 'news' END, n + {offset}, "
                         "'{\"update_id\": ' || (n + " + str(offset) + ") || ', \"message\": {}}', "
                         f"'message', CAST(n % {chats} AS TEXT), '{state}', {attempts}, "
-                        f"{due_at}, {due_at}, {settled_at}, NULL, {uuid}, {exhausted_at}, NULL "
+                        f"{due_at}, {due_at}, {settled_at}, NULL, {uuid}, {exhausted_at}, NULL, 1 "
                         f"FROM ({series}) AS s"
                     ),
                     {"count": count},

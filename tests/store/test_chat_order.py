@@ -29,7 +29,10 @@ SERIES = {
         "SELECT n FROM s"
     ),
 }
-COLUMNS = "bot, update_id, body, queue_key, state, attempts, due_at, received_at, claim_id"
+# queue_rule 1: rows as this code records them (without it, revision 0006's trigger keys them).
+COLUMNS = (
+    "bot, update_id, body, queue_key, state, attempts, due_at, received_at, claim_id, queue_rule"
+)
 
 
 async def fill(engine: AsyncEngine, backlog: int, chats: int = CHATS) -> None:
@@ -41,7 +44,7 @@ async def fill(engine: AsyncEngine, backlog: int, chats: int = CHATS) -> None:
         await connection.execute(
             text(
                 f"INSERT INTO telegram_updates ({COLUMNS}) VALUES ('shop', 1, '{{}}', 'hot', "
-                f"'failed', 1, {NOW + 3_600_000}, {NOW - 10**8}, 'a-claim-id')"
+                f"'failed', 1, {NOW + 3_600_000}, {NOW - 10**8}, 'a-claim-id', 1)"
             )
         )
         rows = [
@@ -59,7 +62,7 @@ async def fill(engine: AsyncEngine, backlog: int, chats: int = CHATS) -> None:
             await connection.execute(
                 text(
                     f"INSERT INTO telegram_updates ({COLUMNS}) SELECT 'shop', {update_id}, "
-                    f"'{{}}', {queue_key}, {state}, 0, {due_at}, {due_at}, NULL "
+                    f"'{{}}', {queue_key}, {state}, 0, {due_at}, {due_at}, NULL, 1 "
                     f"FROM ({series}) AS s"
                 ),
                 {"count": count},

@@ -3,6 +3,7 @@ back, the fence on an old table, the command line, and processes that migrate at
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,12 +19,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
 
+from app.queues import queue_of
 from app.store import ClaimIdentity, Completed, DueUpdate, SchemaError, SqlUpdateStore, open_store
 from app.store.engine import create_sync_engine
 from app.store.migrate import current_revision, downgrade, upgrade
+from app.store.predicates import NON_TERMINAL
 from app.store.schema import (
     DEFAULT_TABLE,
     HEAD,
+    QUEUE_RULE,
     make_metadata,
     owns_function_name,
     version_table_name,
@@ -81,6 +85,24 @@ def _insert(url: str, rows: list[dict[str, Any]]) -> None:
 
 def _as_tuples(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [tuple(row[name] for name in BASE_COLUMNS) for row in rows]
+
+
+def _after_0006(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as revision 0006 leaves them: each one that may still be delivered (open, or
+    an exhaustion not acknowledged) keyed by Telegram's queue (`app.queues`, none for a body
+    that is not an update); the others as they were."""
+    kept = []
+    for row in rows:
+        reopens = row.get("exhausted_at") is not None and row.get("acknowledged_at") is None
+        if row["state"] in NON_TERMINAL or reopens:
+            try:
+                update = json.loads(row["body"])
+            except ValueError:
+                update = None
+            payload = update.get(row["update_type"]) if isinstance(update, dict) else None
+            row = row | {"queue_key": queue_of(row["update_type"] or "", payload)}
+        kept.append(row)
+    return kept
 
 
 def _columns(url: str) -> set[str] | None:
@@ -177,7 +199,7 @@ async def test_upgrade_keeps_rows_in_every_state(storage: Storage) -> None:
 
     upgrade(url)
 
-    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(ROWS)
+    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(_after_0006(ROWS))
     assert table_rows(url, *NEW_COLUMNS) == [(None, None, None)] * len(ROWS)
     assert table_rows(url, *BUDGET_COLUMNS) == [(0, None, 0)] * len(ROWS)
     async with _opened(url) as store:
@@ -191,7 +213,9 @@ async def test_downgrade_to_0001_and_back(storage: Storage) -> None:
     url = storage.url("head")
     fenced = {"claim_id": "c-b", "exhausted_at": None, "acknowledged_at": None}
     exhausted = {"claim_id": "c-e", "exhausted_at": NOW - 50, "acknowledged_at": NOW - 5}
-    _insert(url, [*ROWS[:1], ROWS[1] | fenced, *ROWS[2:4], ROWS[4] | exhausted])
+    rows = [*ROWS[:1], ROWS[1] | fenced, *ROWS[2:4], ROWS[4] | exhausted]
+    # As this code records them (queue_rule set): their keys stand as written.
+    _insert(url, [row | {"queue_rule": QUEUE_RULE} for row in rows])
     if storage.backend == "postgresql":
         assert _owns_function_exists(url)
 
@@ -207,7 +231,7 @@ async def test_downgrade_to_0001_and_back(storage: Storage) -> None:
 
     upgrade(url)
 
-    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(ROWS)
+    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(_after_0006(ROWS))
     # The 0002 columns were dropped on the way down.
     assert table_rows(url, *NEW_COLUMNS) == [(None, None, None)] * len(ROWS)
     _assert_schema_is(storage, url, HEAD)
@@ -254,7 +278,7 @@ async def test_0003_makes_open_exhaustions_due_for_delivery_and_goes_back_losing
     downgrade(url, "0002")
 
     assert table_rows(url, *BASE_COLUMNS, *NEW_COLUMNS) == [
-        tuple(row.get(name) for name in (*BASE_COLUMNS, *NEW_COLUMNS)) for row in rows
+        tuple(row.get(name) for name in (*BASE_COLUMNS, *NEW_COLUMNS)) for row in _after_0006(rows)
     ]
     _assert_schema_is(storage, url, "0002")
 
@@ -446,14 +470,20 @@ def test_four_processes_auto_migrating_one_fresh_postgres_schema_all_succeed(
 def test_upgrade_downgrade_upgrade_keeps_ten_thousand_postgres_rows(
     postgres_storage: Storage,
 ) -> None:
+    # Messages keyed by their chat, as every version keys them (0006 re-keys the open ones
+    # to the same key); rows of no type have no key.
     url = postgres_storage.url("0001")
     with _connect(url) as connection:
         connection.execute(
             text(f"""
             INSERT INTO {TABLE} ({", ".join(BASE_COLUMNS)})
-            SELECT 'bot-' || g % 7, g, 'тело ' || g, CASE WHEN g % 3 > 0 THEN 'message' END,
-                   'chat:' || g % 100, (ARRAY['pending', 'processing', 'completed', 'failed',
-                   'abandoned'])[1 + g % 5], g % 4, {NOW} + g, {NOW} - g,
+            SELECT 'bot-' || g % 7, g,
+                   '{{"update_id": ' || g || ', "message": {{"chat": {{"id": -' || (g % 100 + 1)
+                   || '}}, "text": "тело ' || g || '"}}}}',
+                   CASE WHEN g % 3 > 0 THEN 'message' END,
+                   CASE WHEN g % 3 > 0 THEN '-' || (g % 100 + 1) END,
+                   (ARRAY['pending', 'processing', 'completed', 'failed', 'abandoned'])[1 + g % 5],
+                   g % 4, {NOW} + g, {NOW} - g,
                    CASE WHEN g % 5 IN (2, 4) THEN {NOW} + g END,
                    CASE WHEN g % 5 >= 3 THEN 'error ' || g END
               FROM generate_series(1, 10000) AS g
