@@ -4,10 +4,12 @@ killed at the end whatever happens."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import httpx
 
 SECRET = "process-secret"
+STARTUP = 30.0  # a cold interpreter importing the app, on a loaded machine
 ROOT = Path(__file__).resolve().parent.parent  # the repository: `examples` imports from here
 
 
@@ -127,3 +130,28 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+async def until_serving(client: httpx.AsyncClient, port: int, serve: Process) -> None:
+    """Until `serve` answers /healthz on `port` (fails fast if it died)."""
+    deadline = time.monotonic() + STARTUP
+    while True:
+        assert serve.poll() is None, serve.report()
+        try:
+            if (await client.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"{serve.name} not serving within {STARTUP} s"
+        await asyncio.sleep(0.05)
+
+
+async def post_update(
+    client: httpx.AsyncClient, port: int, body: str, bot: str = "default"
+) -> None:
+    """POST one update to `serve` on `port` as Telegram does; it must answer 200."""
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET, "Content-Type": "application/json"}
+    answer = await client.post(
+        f"http://127.0.0.1:{port}/telegram/{bot}", content=body, headers=headers
+    )
+    assert answer.status_code == 200, answer.text
