@@ -7,6 +7,10 @@ URL). Connection failures are retried by httpx's transport (`retries`), nothing 
 
 An answer is read up to MAX_ANSWER_BYTES and no further. A bot_api_url in clear text (http://)
 off the loopback is logged once per process: the token would cross the network readable.
+
+Parameters go as a JSON body; with `files` (setWebhook's certificate), as multipart/form-data,
+each other parameter a form field (a list or an object JSON-encoded, as Telegram reads it).
+`local_bot_api` tells a local Bot API server from Telegram's own, whose setWebhook allows less.
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ import functools
 import ipaddress
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import httpx
 from pydantic import AnyHttpUrl
 
-from app.config import BotSettings, Settings
+from app.config import BotSettings, Settings, is_local_bot_api
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,24 @@ class BotApiError(Exception):
         super().__init__(message)
         self.code = code
         self.retry_after = retry_after
+
+
+def local_bot_api(settings: Settings) -> bool:
+    """Whether bot_api_url is a local Bot API server (telegram-bot-api --local), not Telegram's
+    own https://api.telegram.org: its setWebhook takes max_connections up to 100000, http://
+    on any port, and any valid ip_address."""
+    return is_local_bot_api(settings.bot_api_url)
+
+
+def _form_value(value: Any) -> str:
+    """A parameter as a multipart form field: Telegram reads every field as a string."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(value)
 
 
 def _request(settings: Settings, bot: BotSettings, method: str, params: dict[str, Any]) -> Any:
@@ -118,14 +140,27 @@ def _result(method: str, status: int, body: bytes) -> Any:
     return answer.get("result")
 
 
-def call(settings: Settings, bot: BotSettings, method: str, **params: Any) -> Any:
-    """One Bot API method, blocking (the command line's); its `result`."""
+def call(
+    settings: Settings,
+    bot: BotSettings,
+    method: str,
+    *,
+    files: Mapping[str, tuple[str, bytes]] | None = None,
+    **params: Any,
+) -> Any:
+    """One Bot API method, blocking (the command line's); its `result`. `files`: field name ->
+    (file name, content), sent with the parameters as multipart/form-data."""
     url, payload = _request(settings, bot, method, params)
     transport = httpx.HTTPTransport(retries=2)  # connection failures only
+    if files:
+        form = {name: _form_value(value) for name, value in payload.items()}
+        request: dict[str, Any] = {"data": form, "files": dict(files)}
+    else:
+        request = {"json": payload}
     try:
         with (
             httpx.Client(transport=transport, timeout=TIMEOUT_SECONDS) as client,
-            client.stream("POST", url, json=payload) as response,
+            client.stream("POST", url, **request) as response,
         ):
             body = _read(method, response.iter_bytes())
     except httpx.HTTPError as error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 import hashlib
 import hmac
 import ipaddress
@@ -37,6 +38,7 @@ from pydantic_settings import (
 )
 
 from app.logs import LogFormat
+from app.queues import QUEUES, unknown_update_types
 from app.store import validate
 from app.store.engine import normalise_url
 from app.store.schema import DEFAULT_TABLE
@@ -48,6 +50,13 @@ DEFAULT_CONFIG_FILE = "intake.toml"
 TELEGRAM_SOURCES = ("149.154.160.0/20", "91.108.4.0/22")
 # What setWebhook accepts as secret_token: 1-256 of A-Z, a-z, 0-9, _ and -.
 SECRET_TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,256}$"  # noqa: S105 - a shape, not a secret
+# Telegram's own Bot API server. Any other bot_api_url is taken for a local Bot API server
+# (telegram-bot-api --local), which setWebhook allows more: max_connections up to 100000,
+# http:// and any port, any valid ip_address (Client.cpp and WebhookActor.cpp at 01a3679).
+OFFICIAL_BOT_API_URL = "https://api.telegram.org"
+OFFICIAL_BOT_API_HOST = "api.telegram.org"
+MAX_CONNECTIONS_OFFICIAL = 100
+MAX_CONNECTIONS_LOCAL = 100_000
 
 Mode = Literal["plain", "fenced", "durable"]
 # Past these ages (seconds from receipt) a delivery can no longer help: Telegram has already
@@ -64,6 +73,41 @@ Networks = Annotated[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...], 
 Scope = Literal["callback", "viewer", "operator", "operations"]
 # Long enough that guessing is hopeless, and free of what would split a list or a header.
 API_KEY_PATTERN = r"^[A-Za-z0-9._~+/=-]{16,256}$"
+
+
+def is_local_bot_api(url: AnyHttpUrl) -> bool:
+    """Whether `url` (a bot_api_url) is a local Bot API server: any host but api.telegram.org."""
+    return (url.host or "").rstrip(".").lower() != OFFICIAL_BOT_API_HOST
+
+
+def update_types_problem(names: tuple[str, ...] | list[str]) -> str | None:
+    """What is wrong with `names` as setWebhook's allowed_updates, in words, or None: each name
+    that is not an update type of the Bot API (app.queues.QUEUES), with the closest one."""
+    unknown = unknown_update_types(names)
+    if not unknown:
+        return None
+    named = []
+    for name in dict.fromkeys(unknown):
+        close = difflib.get_close_matches(name.lower(), QUEUES, n=1)
+        named.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return (
+        f"not update types of the Bot API: {', '.join(named)}; "
+        f"the update types are {', '.join(QUEUES)} (Telegram ignores any other name)"
+    )
+
+
+def max_connections_problem(value: int, local: bool) -> str | None:
+    """What is wrong with `value` as setWebhook's max_connections, or None: 1-100 with
+    Telegram's server, 1-100000 with a local Bot API server."""
+    if local and not 1 <= value <= MAX_CONNECTIONS_LOCAL:
+        return f"{value} is not 1-{MAX_CONNECTIONS_LOCAL}, what a local Bot API server takes"
+    if not local and not 1 <= value <= MAX_CONNECTIONS_OFFICIAL:
+        return (
+            f"{value} is not 1-{MAX_CONNECTIONS_OFFICIAL}, what Telegram's Bot API server "
+            f"({OFFICIAL_BOT_API_URL}) takes; up to {MAX_CONNECTIONS_LOCAL} only with a local "
+            "Bot API server as bot_api_url"
+        )
+    return None
 
 
 def _check_secret_token(value: SecretStr | None) -> SecretStr | None:
@@ -93,9 +137,11 @@ class BotOptions(BaseModel):
     # Update type -> seconds from receipt; merged over DEFAULT_DEADLINES, 0 turns one off.
     deadlines: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_DEADLINES))
     breaker_failures: int = Field(5, ge=0, le=10_000)  # consecutive failures; 0: no breaker
-    # What `set-webhook` registers with Telegram (None: Telegram's own default).
+    # What `set-webhook` registers with Telegram (None: none sent). allowed_updates: names
+    # of app.queues.QUEUES; max_connections: 1-100, up to 100000 with a local Bot API server
+    # (Settings checks it against bot_api_url).
     allowed_updates: tuple[str, ...] | None = None
-    max_connections: int | None = Field(None, ge=1, le=100)
+    max_connections: int | None = Field(None, ge=1, le=MAX_CONNECTIONS_LOCAL)
     breaker_cooldown_seconds: float = Field(30, gt=0, le=86_400)
     # Where updates come from (SPEC section 11): Telegram's webhook, or getUpdates long polling
     # by one process of the cluster (needs bot_token), each batch recorded before it is
@@ -113,6 +159,14 @@ class BotOptions(BaseModel):
     @classmethod
     def _check_signing_secret(cls, value: SecretStr | None) -> SecretStr | None:
         return _check_whsec(value)
+
+    @field_validator("allowed_updates")
+    @classmethod
+    def _check_allowed_updates(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        problem = None if value is None else update_types_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("deadlines")
     @classmethod
@@ -437,6 +491,21 @@ class Settings(BaseSettings, BotOptions):
             raise ValueError(
                 "api_keys: a name appears more than once (the audit log tells keys by it)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _max_connections_fit_the_bot_api(self) -> Settings:
+        # Settings' own max_connections is bot `default`'s (from the environment).
+        local = is_local_bot_api(self.bot_api_url)
+        fields = [("max_connections", self.max_connections)]
+        fields += [
+            (f"bots.{index}.max_connections (bot {bot.name!r})", bot.max_connections)
+            for index, bot in enumerate(self.bots)
+        ]
+        for field, value in fields:
+            problem = None if value is None else max_connections_problem(value, local)
+            if problem is not None:
+                raise ValueError(f"{field}: {problem}")
         return self
 
     def store_options(self) -> dict[str, Any]:

@@ -9,11 +9,20 @@ getUpdates as Telegram answers it: the updates with `update_id >= offset`, those
 offset forgotten for good (an offset confirms them), at most `limit`; with nothing to give it
 holds the request up to `timeout` seconds. It answers 409 while a webhook is set, and a newer
 getUpdates ends one still open with 409 (`terminated by other getUpdates request`). `faults`
-makes the next calls answer an error (429 with `retry_after`, 500) or drop the connection."""
+makes the next calls answer an error (429 with `retry_after`, 500) or drop the connection.
+
+A method's parameters come as Telegram takes them: a JSON body, a urlencoded form, or
+multipart/form-data with files (setWebhook's `certificate`, kept in `certificate`; over 3 MiB it
+is refused as Telegram refuses it). setWebhook keeps `ip_address` and `has_custom_certificate`
+for getWebhookInfo, as Telegram does; `allowed_updates` as Telegram keeps it: unchanged when
+not given, Telegram's default when it names no update type, otherwise its known names in
+Telegram's order (getWebhookInfo leaves it out when it is the default)."""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import threading
 import time
 from typing import Any
@@ -23,7 +32,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from app.queues import OPT_IN, QUEUES
+
 TOKEN = "123456:AAH-secret-bot-token"  # noqa: S105 - the fake's default, a trial token
+MAX_CERTIFICATE_BYTES = 3 << 20  # Telegram's MAX_CERTIFICATE_FILE_SIZE (Client.h)
 
 
 class FakeBotApi:
@@ -37,6 +49,7 @@ class FakeBotApi:
         self.pending: list[dict[str, Any]] = []  # produced, not yet confirmed by an offset
         self.faults: list[tuple[int, float | None]] = []  # (status, retry_after); 0: a drop
         self.conflicts = 0  # getUpdates answered 409
+        self.certificate: bytes | None = None  # the last setWebhook's uploaded certificate
         self._polls = 0  # getUpdates calls so far: the newest one is the live one
         self._lock = threading.Lock()
 
@@ -61,20 +74,11 @@ class FakeBotApi:
                     {"ok": False, "error_code": 401, "description": "Unauthorized"}, 401
                 )
             name = request.path_params["method"]
-            body = await request.body()
-            params = await request.json() if body else {}
+            params = await _parameters(request)
             with self._lock:
                 self.calls.append((name, params))
                 if name == "setWebhook":
-                    self.webhook = {
-                        "url": params["url"],
-                        "pending_update_count": 3,
-                        "max_connections": params.get("max_connections", 40),
-                        "allowed_updates": params.get("allowed_updates"),
-                        "last_error_date": int(time.time()) - 120,
-                        "last_error_message": "Wrong response from the webhook: 503",
-                    }
-                    return JSONResponse({"ok": True, "result": True})
+                    return self._set_webhook(params)
                 if name == "getWebhookInfo":
                     held = self.webhook.get("pending_update_count", 0) + len(self.pending)
                     info = {**self.webhook, "pending_update_count": held}
@@ -106,6 +110,34 @@ class FakeBotApi:
                 Route("/fake/updates", produced, methods=["POST"]),
             ]
         )
+
+    def _set_webhook(self, params: dict[str, Any]) -> Response:
+        """setWebhook, under the lock: a form's fields are strings, as Telegram reads them."""
+        certificate = params.get("certificate")
+        if isinstance(certificate, bytes) and len(certificate) > MAX_CERTIFICATE_BYTES:
+            words = f"Bad Request: certificate size is too big ({len(certificate)} bytes)"
+            return JSONResponse({"ok": False, "error_code": 400, "description": words}, 400)
+        ip = params.get("ip_address") or None
+        if ip is not None:
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                words = "Bad Request: bad webhook: Invalid IP address specified"
+                return JSONResponse({"ok": False, "error_code": 400, "description": words}, 400)
+        connections = params.get("max_connections", 40)
+        self.certificate = certificate if isinstance(certificate, bytes) else None
+        self.webhook = {
+            "url": params["url"],
+            "has_custom_certificate": self.certificate is not None,
+            "pending_update_count": 3,
+            "max_connections": int(connections) if isinstance(connections, str) else connections,
+            "allowed_updates": _allowed_updates(params, self.webhook.get("allowed_updates")),
+            "last_error_date": int(time.time()) - 120,
+            "last_error_message": "Wrong response from the webhook: 503",
+        }
+        if ip is not None:
+            self.webhook["ip_address"] = ip
+        return JSONResponse({"ok": True, "result": True})
 
     async def _get_updates(self, params: dict[str, Any]) -> Response:
         with self._lock:
@@ -145,3 +177,38 @@ class FakeBotApi:
 
 def _conflict(words: str) -> JSONResponse:
     return JSONResponse({"ok": False, "error_code": 409, "description": f"Conflict: {words}"}, 409)
+
+
+async def _parameters(request: Request) -> dict[str, Any]:
+    """A method's parameters: a JSON body, or a form (urlencoded or multipart/form-data: each
+    field a string, each file its bytes)."""
+    kind = request.headers.get("content-type", "")
+    if kind.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        async with request.form() as form:
+            return {
+                name: value if isinstance(value, str) else await value.read()
+                for name, value in form.multi_items()
+            }
+    body = await request.body()
+    params: dict[str, Any] = json.loads(body) if body else {}
+    return params
+
+
+def _allowed_updates(params: dict[str, Any], current: list[str] | None) -> list[str] | None:
+    """allowed_updates as Telegram keeps it (Client.cpp, get_allowed_update_types): unchanged
+    when missing, empty, not a JSON array or holding a non-string; lower-cased, unknown names
+    ignored; Telegram's default when no name is known (`[]` too). None stands for the default, which
+    getWebhookInfo leaves out; otherwise the names in Telegram's order."""
+    given = params.get("allowed_updates")
+    if isinstance(given, str):
+        try:
+            given = json.loads(given) if given else None
+        except ValueError:
+            return current
+    if not isinstance(given, list) or not all(isinstance(n, str) for n in given):
+        return current  # missing, empty, not an array: the setting stands
+    named = {name.lower() for name in given} & set(QUEUES)
+    default = set(QUEUES) - set(OPT_IN)
+    if not named or named == default:
+        return None
+    return [name for name in QUEUES if name in named]

@@ -389,3 +389,96 @@ def test_pgbouncer_settings_need_postgresql(options: dict[str, object], field: s
     with pytest.raises(ValidationError) as raised:
         Settings(**options)  # type: ignore[arg-type]
     assert field in describe(raised.value)
+
+
+def test_allowed_updates_must_be_update_types_of_the_bot_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "intake.toml").write_text(
+        '[[bots]]\nname = "shop"\nsecret_token = "x"\n'
+        'allowed_updates = ["message", "mesage", "chat_member", "no_such_update"]\n'
+    )
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    shown = describe(raised.value)
+    assert shown.startswith("invalid configuration: bots.0.allowed_updates: ")
+    assert "'mesage' (did you mean 'message'?), 'no_such_update';" in shown
+    assert "'chat_member'" not in shown.split(";")[0]
+    (tmp_path / "intake.toml").unlink()
+    monkeypatch.setenv("INTAKE_SECRET_TOKEN", "s")
+    monkeypatch.setenv("INTAKE_ALLOWED_UPDATES", '["callback_querys"]')
+    with pytest.raises(ValidationError) as raised:
+        Settings()
+    assert describe(raised.value).startswith(
+        "invalid configuration: allowed_updates: Value error, not update types of the Bot API: "
+        "'callback_querys' (did you mean 'callback_query'?)"
+    )
+    monkeypatch.setenv("INTAKE_ALLOWED_UPDATES", '["message", "chat_member", "guest_message"]')
+    (bot,) = Settings().bots
+    assert bot.allowed_updates == ("message", "chat_member", "guest_message")
+
+
+@pytest.mark.parametrize(
+    ("bot_api_url", "max_connections", "problem"),
+    [
+        ("https://api.telegram.org", 100, None),
+        ("https://api.telegram.org/", 101, "101 is not 1-100, what Telegram's Bot API server"),
+        ("https://API.Telegram.org", 101, "101 is not 1-100"),
+        ("http://127.0.0.1:8081", 5000, None),
+        ("https://bot-api.internal", 100_000, None),
+        ("http://127.0.0.1:8081", 100_001, "less than or equal to 100000"),
+    ],
+)
+def test_max_connections_is_up_to_100_with_telegram_and_100000_with_a_local_server(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    bot_api_url: str,
+    max_connections: int,
+    problem: str | None,
+) -> None:
+    (tmp_path / "intake.toml").write_text(
+        f'bot_api_url = "{bot_api_url}"\n'
+        '[[bots]]\nname = "shop"\nsecret_token = "x"\n'
+        f'[[bots]]\nname = "news"\nsecret_token = "y"\nmax_connections = {max_connections}\n'
+    )
+    if problem is None:
+        assert Settings().bots[1].max_connections == max_connections
+    else:
+        with pytest.raises(ValidationError) as raised:
+            Settings()
+        shown = describe(raised.value)
+        assert "bots.1.max_connections" in shown
+        assert problem in shown
+    # Bot `default`, from the environment, is held to the same limit.
+    (tmp_path / "intake.toml").unlink()
+    monkeypatch.setenv("INTAKE_SECRET_TOKEN", "s")
+    monkeypatch.setenv("INTAKE_BOT_API_URL", bot_api_url)
+    monkeypatch.setenv("INTAKE_MAX_CONNECTIONS", str(max_connections))
+    if problem is None:
+        assert Settings().bots[0].max_connections == max_connections
+    else:
+        with pytest.raises(ValidationError) as raised:
+            Settings()
+        assert "max_connections" in describe(raised.value)
+        assert problem in describe(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "local"),
+    [
+        ("https://api.telegram.org", False),
+        ("https://api.telegram.org/", False),
+        ("http://API.TELEGRAM.ORG:80", False),
+        ("http://127.0.0.1:8081", True),
+        ("https://telegram-bot-api.internal", True),
+        ("https://api.telegram.org.example.com", True),
+    ],
+)
+def test_any_bot_api_url_but_api_telegram_org_is_a_local_server(url: str, local: bool) -> None:
+    from pydantic import AnyHttpUrl
+
+    from app.bot_api import local_bot_api
+    from app.config import is_local_bot_api
+
+    assert is_local_bot_api(AnyHttpUrl(url)) is local
+    assert local_bot_api(Settings(bot_api_url=url)) is local

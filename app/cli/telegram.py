@@ -1,20 +1,56 @@
 """Commands that talk to the Bot API (`app.bot_api`): set-webhook, delete-webhook, webhook-info.
-The bot token is never printed."""
+The bot token is never printed.
+
+set-webhook checks what it sends as Telegram's Bot API server would (tdlib/telegram-bot-api,
+Client.cpp and WebhookActor.cpp at 01a3679), before it sends anything: a refusal is exit code 2
+with no request made. Telegram's own server (https://api.telegram.org) takes an https:// URL on
+port 443, 80, 88 or 8443, max_connections 1-100, and an ip_address that is IPv4 and not
+reserved; a local Bot API server (any other bot_api_url) takes http:// and any port, up to
+100000 connections and any valid address. allowed_updates are names of app.queues.QUEUES, and
+a notice says when the list Telegram keeps leaves out an opt-in type (app.queues.OPT_IN)."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import os
 import socket
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from app.bot_api import BotApiError, call
+from app.bot_api import BotApiError, call, local_bot_api
 from app.cli.service import Commands
-from app.config import BotSettings, Settings
+from app.config import (
+    MAX_CONNECTIONS_LOCAL,
+    MAX_CONNECTIONS_OFFICIAL,
+    OFFICIAL_BOT_API_URL,
+    BotSettings,
+    Settings,
+    max_connections_problem,
+    update_types_problem,
+)
 from app.fake_bot_api import TOKEN as FAKE_TOKEN
+from app.queues import OPT_IN, QUEUES
+
+# Telegram's checks of a webhook with its own server (WebhookActor.cpp, start_up and
+# check_ip_address; td's IPAddress::is_reserved for the blocks).
+OFFICIAL_PORTS = (443, 80, 88, 8443)
+MAX_CERTIFICATE_BYTES = 3 << 20  # Client.h, MAX_CERTIFICATE_FILE_SIZE
+RESERVED_IPV4 = tuple(
+    ipaddress.IPv4Network(block)
+    for block in (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+        "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
+        "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/3",
+    )
+)  # fmt: skip
+# What Telegram sends when no allowed_updates were ever registered (Client.h).
+DEFAULT_UPDATES = tuple(name for name in QUEUES if name not in OPT_IN)
 
 
 def describe_webhook(bot: str, info: dict[str, Any], now: float | None = None) -> str:
@@ -39,8 +75,11 @@ def describe_webhook(bot: str, info: dict[str, Any], now: float | None = None) -
         lines.append(f"  max connections: {info['max_connections']}")
     allowed = info.get("allowed_updates")
     lines.append("  allowed updates: " + (", ".join(allowed) if allowed else "all but the opt-in"))
-    if info.get("ip_address"):
-        lines.append(f"  Telegram resolved the host to {info['ip_address']}")
+    # Telegram's own words for an address it has not resolved yet: "<unknown>".
+    if info.get("ip_address") and info["ip_address"] != "<unknown>":
+        lines.append(f"  delivers to IP address {info['ip_address']}")
+    if info.get("has_custom_certificate"):
+        lines.append("  trusts the certificate uploaded with setWebhook")
     return "\n".join(lines)
 
 
@@ -64,39 +103,175 @@ def _set_webhook(settings: Settings, args: argparse.Namespace) -> int:
     bot = _bot(settings, args.bot)
     if bot is None:
         return 2
+    local = local_bot_api(settings)
     allowed = bot.allowed_updates
+    problems: list[str] = []
     if args.allowed_updates is not None:
         allowed = tuple(name.strip() for name in args.allowed_updates.split(",") if name.strip())
-    return _change_webhook(
+        if not allowed:
+            problems.append(
+                "--allowed-updates names no update type: name the types to receive "
+                "(comma-separated), or leave the option out to send the bot's allowed_updates "
+                "setting; with neither, Telegram keeps the list it has (at first its default: "
+                f"every type but {', '.join(OPT_IN)})"
+            )
+    if allowed:
+        problem = update_types_problem(allowed)
+        if problem is not None:
+            source = "--allowed-updates" if args.allowed_updates is not None else "allowed_updates"
+            problems.append(f"{source}: {problem}")
+    connections = bot.max_connections
+    if args.max_connections is not None:
+        connections = args.max_connections
+        problem = max_connections_problem(connections, local)
+        if problem is not None:
+            problems.append(f"--max-connections {problem}")
+    problems += _url_problems(args.url, local)
+    if args.ip_address is not None:
+        problems += _ip_address_problems(args.ip_address, local)
+    files = None
+    if args.certificate is not None:
+        certificate, problem = _certificate(args.certificate)
+        if problem is not None:
+            problems.append(problem)
+        files = {"certificate": (Path(args.certificate).name, certificate)}
+    if problems:
+        for problem in problems:
+            print(f"set-webhook refused, nothing sent: {problem}", file=sys.stderr)
+        return 2
+    info = _change_webhook(
         settings,
         bot,
         "setWebhook",
         args.url,
+        files=files,
         url=args.url,
         secret_token=bot.secret_token.get_secret_value(),
         allowed_updates=None if allowed is None else list(allowed),
-        max_connections=args.max_connections or bot.max_connections,
+        max_connections=connections,
+        ip_address=args.ip_address,
         drop_pending_updates=True if args.drop_pending_updates else None,
+    )
+    if info is None:
+        return 1
+    notice = _opt_in_notice(info.get("allowed_updates"))
+    if notice:
+        print(notice, file=sys.stderr)
+    return 0
+
+
+def _url_problems(url: str, local: bool) -> list[str]:
+    """What Telegram would refuse in a webhook URL: its own server takes https:// on port 443,
+    80, 88 or 8443 only (no port: 443); a local server also http:// and any port."""
+    schemes = ("https", "http") if local else ("https",)
+    server = (
+        "a local Bot API server" if local else f"Telegram's Bot API server ({OFFICIAL_BOT_API_URL})"
+    )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return [f"--url {url!r} is not a URL"]
+    if parts.scheme.lower() not in schemes or not parts.hostname:
+        wanted = " or ".join(f"{scheme}://" for scheme in schemes)
+        more = "" if local else "; http:// only with a local Bot API server as bot_api_url"
+        return [f"--url {url!r}: {server} takes a URL that starts with {wanted}{more}"]
+    if not local and (443 if port is None else port) not in OFFICIAL_PORTS:
+        return [
+            f"--url {url!r}: {server} delivers to ports 443, 80, 88 or 8443 only, not {port}; "
+            "any port only with a local Bot API server as bot_api_url"
+        ]
+    return []
+
+
+def _ip_address_problems(value: str, local: bool) -> list[str]:
+    """What Telegram would refuse as ip_address: not an address; with its own server, an IPv6
+    address or a reserved IPv4 one (private, loopback, link-local, shared, documentation,
+    multicast...)."""
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        return [f"--ip-address {value!r} is not an IP address"]
+    if local:
+        return []
+    more = "; any address only with a local Bot API server as bot_api_url"
+    if not isinstance(address, ipaddress.IPv4Address):
+        return [
+            f"--ip-address {value}: Telegram's Bot API server takes IPv4 only (its words: "
+            f'"IPv6-only addresses are not allowed"){more}'
+        ]
+    block = next((block for block in RESERVED_IPV4 if address in block), None)
+    if block is not None:
+        return [
+            f"--ip-address {value} is in {block}, not reachable on the Internet: Telegram's "
+            f'Bot API server refuses it ("IP address {value} is reserved"){more}'
+        ]
+    return []
+
+
+def _certificate(path: str) -> tuple[bytes, str | None]:
+    """The certificate file's content, or why it cannot be sent: unreadable, empty, or over
+    Telegram's 3 MiB."""
+    try:
+        with open(path, "rb") as file:
+            content = file.read(MAX_CERTIFICATE_BYTES + 1)
+            size = max(len(content), os.fstat(file.fileno()).st_size)
+    except OSError as error:
+        return b"", f"--certificate {path}: cannot be read ({error.strerror or error})"
+    if size > MAX_CERTIFICATE_BYTES:
+        return b"", (
+            f"--certificate {path}: {size} bytes, over the {MAX_CERTIFICATE_BYTES} bytes "
+            "(3 MiB) Telegram takes"
+        )
+    if not content:
+        return b"", f"--certificate {path}: the file is empty"
+    return content, None
+
+
+def _opt_in_notice(registered: list[str] | None) -> str | None:
+    """A notice when the allowed_updates Telegram now keeps (getWebhookInfo's; none: its
+    default) leave out update types it sends only to a bot that names them."""
+    keeps = registered or list(DEFAULT_UPDATES)
+    left_out = [name for name in OPT_IN if name not in keeps]
+    if not left_out:
+        return None
+    named = ", ".join(left_out)
+    if not registered:
+        return (
+            f"notice: Telegram's default allowed_updates apply, which leave out {named}: "
+            "Telegram sends these only to a bot that names them. To receive them, name every "
+            "update type wanted, these included, in --allowed-updates (or the bot's "
+            "allowed_updates)."
+        )
+    return (
+        f"notice: allowed_updates leave out {named}: Telegram sends these only to a bot that "
+        "names them. To receive them, name them too: --allowed-updates "
+        + ",".join([*registered, *left_out])
     )
 
 
 def _change_webhook(
-    settings: Settings, bot: BotSettings, method: str, wanted: str, **params: Any
-) -> int:
+    settings: Settings,
+    bot: BotSettings,
+    method: str,
+    wanted: str,
+    files: dict[str, tuple[str, bytes]] | None = None,
+    **params: Any,
+) -> dict[str, Any] | None:
     """Call `method`, then confirm with getWebhookInfo that the webhook is `wanted` ("":
-    none); say what Telegram now knows."""
+    none); say what Telegram now knows. getWebhookInfo's answer, or None: it failed (said)."""
     try:
-        call(settings, bot, method, **params)
-        info = call(settings, bot, "getWebhookInfo")
+        call(settings, bot, method, files=files, **params)
+        info: dict[str, Any] = call(settings, bot, "getWebhookInfo")
     except BotApiError as error:
         print(error, file=sys.stderr)
-        return 1
+        return None
     if (info.get("url") or "") != wanted:
         shown = info.get("url")
         print(f"{method} answered ok, but getWebhookInfo shows {shown!r}", file=sys.stderr)
-        return 1
+        return None
     print(describe_webhook(bot.name, info))
-    return 0
+    return info
 
 
 def _webhook_info(settings: Settings, args: argparse.Namespace) -> int:
@@ -120,7 +295,8 @@ def _delete_webhook(settings: Settings, args: argparse.Namespace) -> int:
     if bot is None:
         return 2
     drop = True if args.drop_pending_updates else None
-    return _change_webhook(settings, bot, "deleteWebhook", "", drop_pending_updates=drop)
+    info = _change_webhook(settings, bot, "deleteWebhook", "", drop_pending_updates=drop)
+    return 1 if info is None else 0
 
 
 def _fake_bot_api(_settings: Settings, args: argparse.Namespace) -> int:
@@ -154,16 +330,41 @@ def add_commands(commands: Commands) -> None:
         help="point Telegram at this service: setWebhook with the bot's secret token, then "
         "confirm with getWebhookInfo",
         description="Call setWebhook with the bot's secret_token, allowed_updates and "
-        "max_connections, then show getWebhookInfo. Telegram needs HTTPS on port 443, 80, 88 "
-        "or 8443. Example: telegram-intake set-webhook shop "
+        "max_connections, then show getWebhookInfo. Everything is checked first as Telegram "
+        "would, and nothing is sent on a refusal (exit code 2): Telegram's own server needs "
+        "https:// on port 443, 80, 88 or 8443, max_connections 1-100 and an IPv4 ip_address "
+        "that is not reserved; a local Bot API server (a bot_api_url other than "
+        f"{OFFICIAL_BOT_API_URL}) takes http://, any port, 1-{MAX_CONNECTIONS_LOCAL} and any "
+        "address. Example: telegram-intake set-webhook shop "
         "--url https://intake.example.com/telegram/shop",
     )
     command.add_argument("bot", help="a configured bot's name")
     command.add_argument("--url", required=True, help="the public HTTPS URL of /telegram/BOT")
     command.add_argument(
-        "--allowed-updates", help="comma-separated update types (default: the bot's setting)"
+        "--allowed-updates",
+        help="comma-separated update types (default: the bot's allowed_updates; with none, "
+        "Telegram keeps the list it has); "
+        f"{', '.join(OPT_IN)} come only when named",
     )
-    command.add_argument("--max-connections", type=int, choices=range(1, 101), metavar="1-100")
+    command.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help=f"Telegram's connections at once: 1-{MAX_CONNECTIONS_OFFICIAL}, "
+        f"1-{MAX_CONNECTIONS_LOCAL} with a local Bot API server (default: the bot's setting)",
+    )
+    command.add_argument(
+        "--certificate",
+        metavar="FILE",
+        help="a self-signed certificate's public key (PEM, at most 3 MiB) for Telegram to "
+        "trust, uploaded with the call",
+    )
+    command.add_argument(
+        "--ip-address",
+        metavar="IP",
+        help="the address Telegram delivers to instead of resolving the URL's host (IPv4, "
+        "not reserved; any with a local Bot API server)",
+    )
     command.add_argument(
         "--drop-pending-updates", action="store_true", help="discard what Telegram holds"
     )
