@@ -29,6 +29,7 @@ BENCHMARKS = (
     "search",
     "console",
     "polling",
+    "rekey",
 )
 
 
