@@ -30,6 +30,11 @@ REVIEWED = {
     "make_metadata validated (validate.table_name) in alembic/env.py before any revision ran",
     ("alembic/versions/0002_claim_fence.py", "downgrade"): "the same validated table name",
     ("alembic/versions/0003_budget_and_delivery.py", "upgrade"): "the same validated table name",
+    ("app/store/rekey.py", "_postgresql_function"): "the key function's name, made of the "
+    "table name that make_metadata validated (validate.table_name, at most 40 characters), and "
+    "SQL that SQLAlchemy compiled from app.queues' constants",
+    ("app/store/rekey.py", "trigger_ddl"): "the same validated table name and compiled SQL",
+    ("app/store/rekey.py", "drop_trigger_ddl"): "the same validated table name",
     ("app/store/postgres.py", "analyze"): "the store's table name, validated when the store "
     "was opened (validate.table_name) and quoted by the dialect's identifier preparer",
     ("app/store/postgres.py", "vacuum"): "the store's table name, validated when the store "

@@ -22,16 +22,21 @@ Create Date: 2026-12-03
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import context, op
 
-from app.store.rekey import drop_trigger_ddl, rekey, trigger_ddl
+from app.store.rekey import drop_trigger_ddl, may_be_delivered, rekey, trigger_ddl
 from app.store.schema import make_table
 
 revision = "0006"
 down_revision = "0005"
 branch_labels = None
 depends_on = None
+
+BATCH = 1_000
 
 
 def upgrade() -> None:
@@ -44,9 +49,79 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # The keys stay Telegram's: code older than 0006 compares them for equality only, and so
-    # keeps Telegram's order with them.
+    # The release before 0006 keys updates by chat or sender: the rows that may still be
+    # delivered go back to those keys, so that the rows its serves record next queue behind
+    # them. Delivered rows keep their keys (their history).
     table = context.config.attributes["table"]
-    for statement in drop_trigger_ddl(table, op.get_bind().dialect.name):
+    bind = op.get_bind()
+    for statement in drop_trigger_ddl(table, bind.dialect.name):
         op.execute(statement)
+    t = make_table(table, "0006")
+    rows = bind.execute(
+        sa.select(t.c.bot, t.c.update_id, t.c.update_type, t.c.body).where(may_be_delivered(t))
+    ).all()
+    keys = [
+        {"b_bot": row.bot, "b_update_id": row.update_id, "key": _key_before_0006(row)}
+        for row in rows
+    ]
+    rekey = (
+        sa.update(t)
+        .where(t.c.bot == sa.bindparam("b_bot"), t.c.update_id == sa.bindparam("b_update_id"))
+        .values(queue_key=sa.bindparam("key"))
+    )
+    for start in range(0, len(keys), BATCH):
+        bind.execute(rekey, keys[start : start + BATCH])
     op.drop_column(table, "queue_rule")
+
+
+# The key of the release before 0006: the chat of these types, the sender of those, a poll
+# answer's voter (an anonymous chat's vote: that chat).
+_CHAT_KEYED = frozenset(
+    [
+        "message",
+        "edited_message",
+        "channel_post",
+        "edited_channel_post",
+        "business_message",
+        "edited_business_message",
+        "deleted_business_messages",
+        "message_reaction",
+        "message_reaction_count",
+        "chat_member",
+        "my_chat_member",
+        "chat_join_request",
+        "chat_boost",
+        "removed_chat_boost",
+    ]
+)
+_SENDER_KEYED = frozenset(
+    [
+        "callback_query",
+        "inline_query",
+        "chosen_inline_result",
+        "shipping_query",
+        "pre_checkout_query",
+    ]
+)
+
+
+def _key_before_0006(row: Any) -> str | None:
+    try:
+        update = json.loads(row.body)
+    except ValueError:
+        return None
+    payload = update.get(row.update_type) if isinstance(update, dict) else None
+    if not isinstance(payload, dict):
+        return None
+    if row.update_type in _CHAT_KEYED:
+        holder = payload.get("chat")
+    elif row.update_type in _SENDER_KEYED:
+        holder = payload.get("from")
+    elif row.update_type == "poll_answer":
+        holder = payload.get("voter_chat", payload.get("user"))
+    else:
+        return None
+    value = holder.get("id") if isinstance(holder, dict) else None
+    if type(value) is not int or not -(2**63) <= value < 2**63:
+        return None
+    return str(value)

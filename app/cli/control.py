@@ -456,7 +456,9 @@ def _filter_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("identity", nargs="*", help="BOT UPDATE_ID ATTEMPT CLAIM_ID: exactly one")
     parser.add_argument("--bot", type=_bot, help="one bot's exhaustions")
     parser.add_argument("--type", help="of this update type (message, callback_query, ...)")
-    parser.add_argument("--chat", help="of this chat (the queue key)")
+    parser.add_argument(
+        "--chat", help="of this queue key (Telegram's queue: a chat's id for its messages)"
+    )
     parser.add_argument("--error-contains", help="whose error holds this text")
     parser.add_argument("--exhausted-after", type=_when, help="exhausted at or after (ISO/ms)")
     parser.add_argument("--exhausted-before", type=_when, help="exhausted before (ISO/ms)")
@@ -530,7 +532,9 @@ def add_commands(commands: Commands) -> None:
     )
     updates.add_argument("--bot", type=_bot, help="one bot only")
     updates.add_argument("--state", choices=STATES)
-    updates.add_argument("--chat", help="the chat (queue key)")
+    updates.add_argument(
+        "--chat", help="the queue key (Telegram's queue: a chat's id for its messages)"
+    )
     updates.add_argument("--type", help="the update type")
     updates.add_argument("--received-after", type=_when, help="at or after (ISO/ms)")
     updates.add_argument("--received-before", type=_when, help="before (ISO/ms)")

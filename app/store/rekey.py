@@ -96,15 +96,20 @@ def sqlite_queue_key(
 def _postgresql_function(name: str) -> str:
     """`name(update_type, body)`, the queue key as `app.queues.queue_of` computes it. The body
     is read as json, not jsonb, and once: the text at the row's path is the body's own (no
-    number rewritten), and only a poll id, a string, is decoded. CASE nests so that no cast
-    meets text that is not a number; whatever raises anyway (a body that is not JSON, never
-    the intake's; a `\\u0000` in a poll id) gives no key."""
+    number rewritten), and only a poll id, a string, is decoded. Reading a path decodes every
+    string of the body on the way, and PostgreSQL refuses the escape `\\u0000` (which the
+    intake keeps): the body is read with each one spelled `\\u0001` instead, the same length
+    and still JSON, where no id can hold either. CASE nests so that no cast meets text that is
+    not a number; whatever raises anyway (a body that is not JSON, never the intake's) gives
+    no key."""
     update_type, body = literal_column("update_type", Text), literal_column("body", Text)
     raw = literal_column("raw", Text)
+    backslash = func.chr(92)
+    readable = func.replace(body, backslash.concat("u0000"), backslash.concat("u0001"))
     paths = [
         (
             update_type.in_(names),
-            cast(func.json_extract_path(cast(body, JSON), update_type, *path), Text),
+            cast(func.json_extract_path(cast(readable, JSON), update_type, *path), Text),
         )
         for path, names in _groups(lambda q: q.path).items()
     ]
@@ -124,7 +129,7 @@ def _postgresql_function(name: str) -> str:
         keys.append((update_type.in_(names), key))
     return f"""
         CREATE FUNCTION {name}(update_type text, body text) RETURNS text
-        LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $queue_key$
+        LANGUAGE plpgsql IMMUTABLE AS $queue_key$
         DECLARE
             raw text;
         BEGIN
