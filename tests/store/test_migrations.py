@@ -221,7 +221,9 @@ async def test_downgrade_to_0001_and_back(storage: Storage) -> None:
 
     downgrade(url, "0001")
 
-    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(ROWS)
+    # The way down gives open rows the key of the release before 0006; these bodies hold no
+    # id, so they get none, as under 0006.
+    assert table_rows(url, *BASE_COLUMNS) == _as_tuples(_after_0006(ROWS))
     assert _columns(url) == set(BASE_COLUMNS)
     _assert_schema_is(storage, url, "0001")
     async with _opened(url) as store:

@@ -221,15 +221,31 @@ def test_not_json_gets_no_key_and_fails_nothing(storage: Storage) -> None:
 
 def test_downgrade_drops_the_trigger_and_gives_back_the_old_keys(storage: Storage) -> None:
     url = storage.url()
-    message = '{"update_id": 1, "callback_query": {"from": {"id": 42}}}'
-    _insert_as_old_code(url, _rows([message]))
+    member = '{"user": {"id": 7}, "status": "member"}'
+    old_keys = {  # body -> the key of the release before 0006, written out
+        '{"update_id": 1, "callback_query": {"from": {"id": 42}}}': "42",
+        '{"update_id": 1, "message": {"chat": {"id": -100123}}}': "-100123",
+        '{"update_id": 1, "poll_answer": {"poll_id": "9", "user": {"id": 5}}}': "5",
+        '{"update_id": 1, "poll_answer": {"poll_id": "9", "voter_chat": {"id": -3}}}': "-3",
+        '{"update_id": 1, "chat_member": {"chat": {"id": -8}, "old_chat_member": '
+        + member
+        + "}}": "-8",
+        '{"update_id": 1, "poll": {"id": "9"}}': None,
+        '{"update_id": 1, "managed_bot": {"user": {"id": 4}}}': None,
+    }
+    bodies = list(old_keys)
+    _insert_as_old_code(url, _rows(bodies))
+    closed = _rows(bodies[:1], start=100)
+    closed[0].update(state="completed", settled_at=NOW)
+    _insert_as_old_code(url, closed)
     downgrade(url, "0005")
-    _insert_as_old_code(url, _rows([message], start=2))
-    # The open row goes back to the key of the release before 0006 (the sender).
+    _insert_as_old_code(url, _rows(bodies[:1], start=200))
     keys = _keys_without_rule(url)
-    assert keys == {1: "42", 2: "old-key"}
+    assert [keys[i] for i in range(1, len(bodies) + 1)] == list(old_keys.values())
+    assert keys[100] == str(42 + 3 * 2**33)  # delivered: its key stays
+    assert keys[200] == "old-key"  # no trigger any more
     upgrade(url, "head")
-    assert _keys(url)[2] == (str(42 + 3 * 2**33), QUEUE_RULE)
+    assert _keys(url)[200] == (str(42 + 3 * 2**33), QUEUE_RULE)
 
 
 def _keys_without_rule(url: str) -> dict[int, str | None]:
