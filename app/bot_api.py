@@ -10,7 +10,6 @@ off the loopback is logged once per process: the token would cross the network r
 
 Parameters go as a JSON body; with `files` (setWebhook's certificate), as multipart/form-data,
 each other parameter a form field (a list or an object JSON-encoded, as Telegram reads it).
-`local_bot_api` tells a local Bot API server from Telegram's own, whose setWebhook allows less.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any
 import httpx
 from pydantic import AnyHttpUrl
 
-from app.config import BotSettings, Settings, is_local_bot_api
+from app.config import BotSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +43,6 @@ class BotApiError(Exception):
         super().__init__(message)
         self.code = code
         self.retry_after = retry_after
-
-
-def local_bot_api(settings: Settings) -> bool:
-    """Whether bot_api_url is a local Bot API server (telegram-bot-api --local), not Telegram's
-    own https://api.telegram.org: its setWebhook takes max_connections up to 100000, http://
-    on any port, and any valid ip_address."""
-    return is_local_bot_api(settings.bot_api_url)
 
 
 def _form_value(value: Any) -> str:

@@ -57,6 +57,7 @@ OFFICIAL_BOT_API_URL = "https://api.telegram.org"
 OFFICIAL_BOT_API_HOST = "api.telegram.org"
 MAX_CONNECTIONS_OFFICIAL = 100
 MAX_CONNECTIONS_LOCAL = 100_000
+MAX_CERTIFICATE_BYTES = 3 << 20  # setWebhook's certificate (Client.h, MAX_CERTIFICATE_FILE_SIZE)
 
 Mode = Literal["plain", "fenced", "durable"]
 # Past these ages (seconds from receipt) a delivery can no longer help: Telegram has already

@@ -32,10 +32,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.queues import OPT_IN, QUEUES
+from app.config import MAX_CERTIFICATE_BYTES
+from app.queues import DEFAULT_UPDATES, QUEUES
 
 TOKEN = "123456:AAH-secret-bot-token"  # noqa: S105 - the fake's default, a trial token
-MAX_CERTIFICATE_BYTES = 3 << 20  # Telegram's MAX_CERTIFICATE_FILE_SIZE (Client.h)
 
 
 class FakeBotApi:
@@ -208,7 +208,7 @@ def _allowed_updates(params: dict[str, Any], current: list[str] | None) -> list[
     if not isinstance(given, list) or not all(isinstance(n, str) for n in given):
         return current  # missing, empty, not an array: the setting stands
     named = {name.lower() for name in given} & set(QUEUES)
-    default = set(QUEUES) - set(OPT_IN)
+    default = set(DEFAULT_UPDATES)
     if not named or named == default:
         return None
     return [name for name in QUEUES if name in named]

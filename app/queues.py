@@ -39,9 +39,12 @@ CATEGORY: Final = 1 << 33
 # takes an id up to 2^53 - 1, where a double still holds every integer, and no wider, so the
 # sum with a category stays well inside 64 bits on every database.
 MAX_ID: Final = (1 << 53) - 1
-# A poll id is TDLib's int64, sent as a decimal string; it is the queue id as it stands.
-_POLL_ID = re.compile(r"-?[1-9][0-9]{0,18}|0")
-_INT64: Final = 1 << 63
+# A poll id is TDLib's int64, sent as a decimal string; it is the queue id as it stands. The
+# pattern is its canonical spelling (app/store/rekey.py reads it in SQL too).
+POLL_ID: Final = r"-?[1-9][0-9]{0,18}|0"
+MIN_INT64: Final = -(1 << 63)
+MAX_INT64: Final = (1 << 63) - 1
+_POLL_ID = re.compile(POLL_ID)
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Queue:
             value = value.get(field)
         if self.category is None:
             if isinstance(value, str) and _POLL_ID.fullmatch(value):
-                return value if -_INT64 <= int(value) < _INT64 else None
+                return value if MIN_INT64 <= int(value) <= MAX_INT64 else None
             return None
         # type() rather than isinstance(): a bool is an int subclass, and never an id.
         if type(value) is not int or not -MAX_ID <= value <= MAX_ID:
@@ -108,6 +111,7 @@ QUEUES: Final[dict[str, Queue]] = {
 # What Telegram delivers when setWebhook names no allowed_updates (Client.h,
 # DEFAULT_ALLOWED_UPDATE_TYPES): every type but these, which a bot must ask for by name.
 OPT_IN: Final = ("chat_member", "message_reaction", "message_reaction_count")
+DEFAULT_UPDATES: Final = tuple(name for name in QUEUES if name not in OPT_IN)
 
 
 def queue_of(update_type: str, payload: Any) -> str | None:

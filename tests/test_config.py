@@ -477,8 +477,7 @@ def test_max_connections_is_up_to_100_with_telegram_and_100000_with_a_local_serv
 def test_any_bot_api_url_but_api_telegram_org_is_a_local_server(url: str, local: bool) -> None:
     from pydantic import AnyHttpUrl
 
-    from app.bot_api import local_bot_api
     from app.config import is_local_bot_api
 
     assert is_local_bot_api(AnyHttpUrl(url)) is local
-    assert local_bot_api(Settings(bot_api_url=url)) is local
+    assert is_local_bot_api(Settings(bot_api_url=url).bot_api_url) is local

@@ -23,24 +23,25 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.bot_api import BotApiError, call, local_bot_api
+from app.bot_api import BotApiError, call
 from app.cli.service import Commands
 from app.config import (
+    MAX_CERTIFICATE_BYTES,
     MAX_CONNECTIONS_LOCAL,
     MAX_CONNECTIONS_OFFICIAL,
     OFFICIAL_BOT_API_URL,
     BotSettings,
     Settings,
+    is_local_bot_api,
     max_connections_problem,
     update_types_problem,
 )
 from app.fake_bot_api import TOKEN as FAKE_TOKEN
-from app.queues import OPT_IN, QUEUES
+from app.queues import DEFAULT_UPDATES, OPT_IN
 
 # Telegram's checks of a webhook with its own server (WebhookActor.cpp, start_up and
 # check_ip_address; td's IPAddress::is_reserved for the blocks).
 OFFICIAL_PORTS = (443, 80, 88, 8443)
-MAX_CERTIFICATE_BYTES = 3 << 20  # Client.h, MAX_CERTIFICATE_FILE_SIZE
 RESERVED_IPV4 = tuple(
     ipaddress.IPv4Network(block)
     for block in (
@@ -49,8 +50,6 @@ RESERVED_IPV4 = tuple(
         "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/3",
     )
 )  # fmt: skip
-# What Telegram sends when no allowed_updates were ever registered (Client.h).
-DEFAULT_UPDATES = tuple(name for name in QUEUES if name not in OPT_IN)
 
 
 def describe_webhook(bot: str, info: dict[str, Any], now: float | None = None) -> str:
@@ -103,7 +102,7 @@ def _set_webhook(settings: Settings, args: argparse.Namespace) -> int:
     bot = _bot(settings, args.bot)
     if bot is None:
         return 2
-    local = local_bot_api(settings)
+    local = is_local_bot_api(settings.bot_api_url)
     allowed = bot.allowed_updates
     problems: list[str] = []
     if args.allowed_updates is not None:

@@ -49,16 +49,12 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 
-from app.queues import CATEGORY, MAX_ID, QUEUES, Queue
+from app.queues import CATEGORY, MAX_ID, MAX_INT64, MIN_INT64, POLL_ID, QUEUES, Queue
 from app.store.schema import NON_TERMINAL, QUEUE_RULE, UNACKNOWLEDGED
 
 K = TypeVar("K", bound=Hashable)
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
 # A JSON integer of at most 16 digits (2^53 - 1 has 16), as the body spells it.
 _ID_TEXT = r"^-?[0-9]{1,16}$"
-# A poll id: a canonical decimal integer of at most 19 digits (then checked against int64).
-_POLL_ID = r"^(-?[1-9][0-9]{0,18}|0)$"
 
 
 def _groups(by: Callable[[Queue], K]) -> dict[K, list[str]]:
@@ -118,8 +114,8 @@ def _postgresql_function(name: str) -> str:
         if category is None:
             # A JSON string, decoded (an escape that cannot be text raises: no key).
             digits = type_coerce(cast(raw, JSON).op("#>>")(literal_column("'{}'")), Text)
-            in_range = between(cast(digits, Numeric), _INT64_MIN, _INT64_MAX)
-            canonical = and_(raw.like('"%'), digits.regexp_match(_POLL_ID))
+            in_range = between(cast(digits, Numeric), MIN_INT64, MAX_INT64)
+            canonical = and_(raw.like('"%'), digits.regexp_match(f"^({POLL_ID})$"))
             key = case((canonical, case((in_range, digits))))
         else:
             number = cast(raw, BigInteger)
