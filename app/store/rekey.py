@@ -143,11 +143,8 @@ def may_be_delivered(t: Table) -> ColumnElement[bool]:
     return or_(text(NON_TERMINAL), text(UNACKNOWLEDGED))
 
 
-def key_function_name(table: str) -> str:
-    return f"{table}_queue_key"
-
-
-def trigger_name(table: str) -> str:
+def queue_key_name(table: str) -> str:
+    """The name of the trigger, and of PostgreSQL's key function: one name for both."""
     return f"{table}_queue_key"
 
 
@@ -155,7 +152,7 @@ def rekey(t: Table, dialect: str) -> Update:
     """Revision 0006's re-keying: every row that may still be delivered gets Telegram's key.
     Delivered rows keep the key they were delivered under (their history)."""
     if dialect == "postgresql":
-        key: ColumnElement[str] = getattr(func, key_function_name(t.name))(
+        key: ColumnElement[str] = getattr(func, queue_key_name(t.name))(
             t.c.update_type, t.c.body, type_=Text
         )
     else:
@@ -166,7 +163,7 @@ def rekey(t: Table, dialect: str) -> Update:
 def trigger_ddl(table: str, dialect: str) -> list[str]:
     """The statements that install the trigger keying rows inserted without `queue_rule`
     (and, on PostgreSQL, the function computing a key, which the re-keying calls too)."""
-    name, function = trigger_name(table), key_function_name(table)
+    name = function = queue_key_name(table)
     if dialect == "postgresql":
         return [
             _postgresql_function(function),
@@ -202,7 +199,7 @@ def trigger_ddl(table: str, dialect: str) -> list[str]:
 
 
 def drop_trigger_ddl(table: str, dialect: str) -> list[str]:
-    name, function = trigger_name(table), key_function_name(table)
+    name = function = queue_key_name(table)
     if dialect == "postgresql":
         return [
             f"DROP TRIGGER {name} ON {table}",
