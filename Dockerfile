@@ -27,15 +27,17 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN pip install --require-hashes --only-binary=:all: -r requirements.lock
 
-# The project itself as a wheel, installed with --target into /app, where alembic.ini and
+# The project itself as wheels (the service, and the downstream kit it shares its wire
+# messages with, kit/python), installed with --target into /app, where alembic.ini and
 # alembic/ are copied below, so that `alembic upgrade head` works from /app as from a
 # checkout. (`telegram-intake migrate` needs neither: the wheel carries the migrations as
 # app.migrations, built from alembic/.)
 COPY pyproject.toml README.md ./
+COPY kit/python ./kit/python
 COPY app ./app
 COPY alembic ./alembic
-RUN pip wheel --no-deps --wheel-dir /dist . \
- && pip install --no-deps --target /app /dist/telegram_intake-*.whl
+RUN pip wheel --no-deps --wheel-dir /dist ./kit/python . \
+ && pip install --no-deps --target /app /dist/telegram_intake-*.whl /dist/telegram_intake_kit-*.whl
 
 # --- final: slim Python, no build tools, a non-root user -------------------------------------
 FROM python:${PYTHON_VERSION}-slim AS final

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from app.kit import CallbackError, IntakeClient, Rejected, read_forwarded
 from app.logs import AttemptLog
+from telegram_intake_kit import CallbackError, IntakeClient, Rejected, read_forwarded
 
 log = logging.getLogger("app.demo")
 

@@ -2,7 +2,7 @@
 
 Each benchmark's module is imported when it runs: `store`, `claims`, `plans`, `search` and
 `console` need only the project's own dependencies, the others the `bench` extra
-(`pip install -e '.[bench]'`).
+(`pip install -e ./kit/python -e '.[bench]'`).
 Under each report: the peak RSS of the benchmark's own process and of every child it ran.
 """
 

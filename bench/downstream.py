@@ -22,8 +22,8 @@ import time
 from aiohttp import ClientSession, TCPConnector, web
 from multidict import CIMultiDictProxy
 
-# The kit's RECEIVED_AT_HEADER (app.kit.forwarded), not imported: the kit brings pydantic and
-# httpx, and this process stands for a downstream of its own, as light as one can be.
+# The kit's RECEIVED_AT_HEADER (telegram_intake_kit.forwarded), not imported: the kit brings
+# pydantic and httpx, and this process stands for a downstream of its own, as light as can be.
 RECEIVED_AT_HEADER = "x-intake-received-at"
 
 

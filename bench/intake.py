@@ -248,7 +248,9 @@ async def main(*, quick: bool = False) -> str:
     try:
         import aiogram  # noqa: F401
     except ImportError:
-        raise SystemExit("bench intake needs aiogram: pip install -e '.[bench]'") from None
+        raise SystemExit(
+            "bench intake needs aiogram: pip install -e ./kit/python -e '.[bench]'"
+        ) from None
     seconds, warm_up = (2, 1) if quick else (10, 2)
     ids = (n * SPAN for n in itertools.count(1))
     results: dict[str, dict[int | str, Load]] = {}

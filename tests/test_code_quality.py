@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "app", "tests", "alembic", "bench"],
-        ["ruff", "format", "--check", "app", "tests", "alembic", "bench"],
-        ["mypy", "app"],
+        ["ruff", "check", "app", "kit/python", "tests", "alembic", "bench"],
+        ["ruff", "format", "--check", "app", "kit/python", "tests", "alembic", "bench"],
+        ["mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy-strict"],
 )

@@ -300,7 +300,8 @@ def test_dockerignore_keeps_local_state_out_and_what_the_build_copies_in() -> No
         for source in copied(stage)
         if not source.startswith("/")
     ]
-    needed = {"requirements.lock", "pyproject.toml", "README.md", "app", "alembic", "examples"}
+    needed = {"requirements.lock", "pyproject.toml", "README.md", "kit/python", "app", "alembic"}
+    needed.add("examples")
     assert needed <= set(sources)
     for source in sources:
         ignored = [p for p in patterns if fnmatch.fnmatch(source, p.rstrip("/"))]

@@ -21,7 +21,15 @@ from tests.test_deployment import dockerfile_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+PYPROJECT_FILE = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PYPROJECT = PYPROJECT_FILE["project"]
+# Distributions built from the checkout itself (the kit, kit/python): the lock leaves them out
+# (`--no-emit-package`), and the Dockerfile builds their wheels beside the service's.
+LOCAL = {
+    canonicalize_name(name)
+    for name, source in PYPROJECT_FILE["tool"]["uv"]["sources"].items()
+    if "path" in source
+}
 DIRECT = f"{PYPROJECT['name']} (pyproject.toml)"  # how the lock says `via` pyproject itself
 VIA = re.compile(r"#\s+(?:via(?:\s+|$))?(.*)")  # `# via a`, or `# via` then `#   a` lines
 
@@ -83,10 +91,16 @@ def target_environment() -> dict[str, str]:
 
 
 def runtime_requirements() -> list[Requirement]:
-    """pyproject.toml's [project] dependencies that apply in the image."""
+    """pyproject.toml's [project] dependencies that apply in the image, but for those built
+    from the checkout."""
     requirements = [Requirement(text) for text in PYPROJECT["dependencies"]]
     environment = target_environment()
-    return [r for r in requirements if r.marker is None or r.marker.evaluate(environment)]
+    return [
+        r
+        for r in requirements
+        if (r.marker is None or r.marker.evaluate(environment))
+        and canonicalize_name(r.name) not in LOCAL
+    ]
 
 
 def out_of_date(problems: list[str]) -> str:
@@ -138,6 +152,20 @@ def test_the_lock_was_made_for_the_dockerfiles_python_on_linux() -> None:
     assert options["-o"] == LOCK.name
     # Hashes for `pip install --require-hashes`; extras kept, so that the first test sees them.
     assert {"--generate-hashes", "--no-strip-extras"} <= set(command)
+    # What the checkout builds has no hash to pin: left out, and built by the Dockerfile.
+    left_out = {
+        canonicalize_name(command[i + 1])
+        for i, word in enumerate(command)
+        if word == "--no-emit-package"
+    }
+    assert left_out == LOCAL, command
+
+
+def test_the_dockerfile_builds_every_distribution_of_the_checkout() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for name, source in PYPROJECT_FILE["tool"]["uv"]["sources"].items():
+        assert f"COPY {source['path']} ./{source['path']}" in dockerfile, name
+        assert f"./{source['path']}" in dockerfile.split("pip wheel", 1)[1], name
 
 
 def test_the_readme_gives_the_command_that_made_the_lock() -> None:

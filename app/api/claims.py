@@ -10,7 +10,9 @@ from app.api.control import AcknowledgedInBulk, AcknowledgeRequest, acknowledge_
 from app.api.deps import REFUSALS, Callback, CallbackOrOperator, Grant, StrictJsonRoute
 from app.api.lean import LeanRoute
 from app.config import BotSettings
-from app.kit.wire import (
+from app.policy import Outcome, retry_delay_ms
+from app.store import Abandoned, ClaimIdentity, Completed, Failed
+from telegram_intake_kit.wire import (
     Acknowledged,
     Identity,
     Owned,
@@ -20,8 +22,6 @@ from app.kit.wire import (
     Settled,
     SettleRequest,
 )
-from app.policy import Outcome, retry_delay_ms
-from app.store import Abandoned, ClaimIdentity, Completed, Failed
 
 RESPONSES: dict[int | str, dict[str, object]] = {
     **REFUSALS,

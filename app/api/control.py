@@ -18,7 +18,10 @@ from pydantic import Field, StrictBool, StrictInt, StringConstraints, model_vali
 
 from app.api.deps import REFUSALS, Grant, Operator, StrictJsonRoute, Viewer
 from app.api.operations import summary
-from app.kit.wire import (
+from app.overview import bots_overview
+from app.store import BulkOutcome, ClaimIdentity, ExhaustionFilter, UpdateFilter
+from app.store.validate import MAX_RATE, MIN_RATE
+from telegram_intake_kit.wire import (
     BOT_PATTERN,
     MAX_BIGINT,
     NO_NUL,
@@ -32,9 +35,6 @@ from app.kit.wire import (
     UpdateId,
     UpdateView,
 )
-from app.overview import bots_overview
-from app.store import BulkOutcome, ClaimIdentity, ExhaustionFilter, UpdateFilter
-from app.store.validate import MAX_RATE, MIN_RATE
 
 router = APIRouter(
     route_class=StrictJsonRoute,

@@ -21,8 +21,8 @@ from app.api.leases import LeaseChecks, LeaseRenewals
 from app.config import ApiKey, BotSettings, Scope, Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED
 from app.http.strict_json import NotJson, read_json
-from app.kit.wire import Problem
 from app.store import ClaimIdentity, OperatorStore
+from telegram_intake_kit.wire import Problem
 
 bearer = HTTPBearer(
     auto_error=False,

@@ -9,7 +9,8 @@ from typing import Annotated, TypeVar
 from fastapi import APIRouter, HTTPException, Path, Query
 
 from app.api.deps import REFUSALS, StrictJsonRoute, Viewer
-from app.kit.wire import (
+from app.store import Exhaustion
+from telegram_intake_kit.wire import (
     BOT_PATTERN,
     MAX_BIGINT,
     BotCounts,
@@ -20,7 +21,6 @@ from app.kit.wire import (
     Stats,
     UpdateView,
 )
-from app.store import Exhaustion
 
 Model = TypeVar("Model", bound=Identity)
 

@@ -2,7 +2,7 @@
 
 The body is the stored raw update, byte for byte. Headers carry the attempt's full identity
 (`X-Intake-*`) and when the update was recorded (`X-Intake-Received-At`: with the attempt,
-the fencing token of `app.kit.fence`), the downstream secret under Telegram's own header
+the fencing token of `telegram_intake_kit.fence`), the downstream secret under Telegram's own header
 name (so an unmodified aiogram, python-telegram-bot, grammY or Telegraf webhook handler
 accepts the request), and a Standard Webhooks signature when the bot has a `signing_secret`:
 `webhook-signature` over the body, `X-Intake-Identity-Signature` over the identity and the
@@ -24,9 +24,13 @@ from standardwebhooks import Webhook
 
 from app.config import BotSettings
 from app.dispatch.transport import AiohttpTransport
-from app.kit.forwarded import IDENTITY_SIGNATURE_HEADER, RECEIVED_AT_HEADER, identity_message
 from app.policy import Outcome, classify, classify_error
 from app.store import ClaimIdentity
+from telegram_intake_kit.forwarded import (
+    IDENTITY_SIGNATURE_HEADER,
+    RECEIVED_AT_HEADER,
+    identity_message,
+)
 
 
 class Downstream:

@@ -37,8 +37,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from app.kit import CallbackError, IntakeClient, Rejected, read_forwarded
-from app.kit.forwarded import Forwarded
+from telegram_intake_kit import CallbackError, IntakeClient, Rejected, read_forwarded
+from telegram_intake_kit.forwarded import Forwarded
 
 log = logging.getLogger("effects_bot")
 

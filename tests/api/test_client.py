@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from app.kit import CallbackError, Identity, IntakeClient, Owned, Renewed, Settled
-from app.kit.wire import Acknowledged
 from app.store import ClaimIdentity
+from telegram_intake_kit import CallbackError, Identity, IntakeClient, Owned, Renewed, Settled
+from telegram_intake_kit.wire import Acknowledged
 from tests.api.conftest import (
     KEY,
     LEASE_SECONDS,

@@ -25,7 +25,7 @@ from app.api.lean import LeanRoute
 from app.config import ApiKey
 from app.http.guard import RequestGuard
 from app.http.keys import Keys
-from app.kit.wire import Identity, Owned, Renewed
+from telegram_intake_kit.wire import Identity, Owned, Renewed
 from tests.api.conftest import (
     CALLBACK_KEY,
     KEY,

@@ -20,9 +20,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from app.config import ApiKey, BotSettings, Settings
-from app.kit import IntakeClient, read_forwarded
 from app.main import create_app
 from app.store import open_store
+from telegram_intake_kit import IntakeClient, read_forwarded
 from tests.conftest import Storage, serve_asgi
 from tests.downstream import SIGNING_SECRET, eventually, message, now_ms
 from tests.processes import SECRET, environment, processes

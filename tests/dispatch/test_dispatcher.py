@@ -22,8 +22,6 @@ from starlette.responses import Response
 from app.config import ApiKey
 from app.dispatch import Dispatcher
 from app.dispatch.dispatcher import STOP_BOUND_SECONDS
-from app.kit import IntakeClient
-from app.kit.wire import Identity
 from app.main import create_app
 from app.store import (
     Claimed,
@@ -33,6 +31,8 @@ from app.store import (
     StoreUnavailable,
     open_store,
 )
+from telegram_intake_kit import IntakeClient
+from telegram_intake_kit.wire import Identity
 from tests.conftest import Storage, serve_asgi, table_locked, table_rows
 from tests.downstream import (
     DOWNSTREAM_SECRET,

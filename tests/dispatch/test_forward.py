@@ -73,7 +73,7 @@ async def test_forward_signs_with_standard_webhooks() -> None:
 
 
 async def test_forward_sends_the_recording_time_signed_with_the_identity() -> None:
-    # X-Intake-Received-At and the attempt are the fencing token of app.kit.fence; the
+    # X-Intake-Received-At and the attempt are the fencing token of telegram_intake_kit.fence; the
     # identity signature covers both, at the same webhook-timestamp as the body's signature.
     target, sent = downstream(signing_secret=SecretStr(SIGNING))
     await target.forward(IDENTITY, BODY, lease_until=0, received_at=1_700_000_000_123)

@@ -1,4 +1,4 @@
-"""The fencing token (`app.kit.fence`): a downstream with a database of its own refuses, in
+"""The fencing token (the kit's `fence`): a downstream with a database of its own refuses, in
 its own transaction, a write from an attempt older than one that has written, across
 reclaims and across a prune and re-record. `POST /v1/claims/owns` alone cannot: it is
 check-then-act, and the control below shows a stale write landing through it.
@@ -35,8 +35,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from app.config import BotSettings
 from app.dispatch.forward import Downstream
-from app.kit import FenceToken, Forwarded, Identity, IntakeClient, read_forwarded
-from app.kit.fence import (
+from app.store import ClaimIdentity, Completed
+from telegram_intake_kit import FenceToken, Forwarded, Identity, IntakeClient, read_forwarded
+from telegram_intake_kit.fence import (
     FENCE,
     admit,
     admit_sync,
@@ -44,7 +45,6 @@ from app.kit.fence import (
     create_fence_sync,
     fence_table,
 )
-from app.store import ClaimIdentity, Completed
 from tests.api.conftest import KEY, Api, now_ms, serving
 from tests.conftest import Storage
 from tests.downstream import (

@@ -24,9 +24,9 @@ from starlette.routing import Route
 from app.config import BotSettings
 from app.dispatch.forward import Downstream, open_transport
 from app.dispatch.maintenance import exhaustion_payload
-from app.kit import FenceToken, Forwarded, Identity, Rejected, read_forwarded, sign
-from app.kit.forwarded import identity_message
 from app.store import ClaimIdentity, Exhaustion
+from telegram_intake_kit import FenceToken, Forwarded, Identity, Rejected, read_forwarded, sign
+from telegram_intake_kit.forwarded import identity_message
 from tests.conftest import serve_asgi
 
 SIGNING = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -1,5 +1,5 @@
 """The kit imports with none of the service's own dependencies: a downstream installs only
-httpx and pydantic, and SQLAlchemy for the fence (`app.kit.fence`). Checked in a fresh
+httpx and pydantic, and SQLAlchemy for the fence (`telegram_intake_kit.fence`). Checked in a fresh
 interpreter whose imports of those packages fail."""
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ USE_THE_KIT = textwrap.dedent(
     """
     import asyncio
     import httpx
-    import app.kit
-    from app.kit import Identity, IntakeClient, read_forwarded, sign
+    import telegram_intake_kit
+    from telegram_intake_kit import Identity, IntakeClient, read_forwarded, sign
 
     secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     body = b'{"update_id": 7}'
@@ -90,8 +90,8 @@ USE_THE_KIT = textwrap.dedent(
 USE_THE_FENCE = textwrap.dedent(
     """
     from sqlalchemy import create_engine
-    from app.kit import FenceToken, Identity
-    from app.kit.fence import admit_sync, create_fence_sync
+    from telegram_intake_kit import FenceToken, Identity
+    from telegram_intake_kit.fence import admit_sync, create_fence_sync
 
     engine = create_engine("sqlite://")
     token = FenceToken(Identity(bot="shop", update_id=7, attempt=2, claim_id="c-2"), 1)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.kit import wire
 from app.store import validate
+from telegram_intake_kit import wire
 
 
 def test_bot_pattern_is_the_stores_bot_name_rule() -> None:

@@ -5,19 +5,19 @@
   raises `Rejected`;
 - `IntakeClient(base_url, api_key)` calls the callback API: `owns`, `renew`, `settle`,
   `acknowledge`;
-- `Identity` and the other messages of the callback API (`app.kit.wire`).
+- `Identity` and the other messages of the callback API (`telegram_intake_kit.wire`).
 
 It needs only httpx and pydantic (the service's own dependencies stay out of it). `owns` over
 HTTP is check-then-act, a hint: a reclaim can pass between its answer and the write. The
-guarantee for a downstream with a database of its own is `app.kit.fence` (which needs
+guarantee for a downstream with a database of its own is `telegram_intake_kit.fence` (which needs
 SQLAlchemy, and is not imported here): the fencing token, checked and recorded in the
 domain write's own transaction. A downstream that shares the service's database uses
 `app.store.fencing` instead, which holds the claim itself until the write commits.
 """
 
-from app.kit.client import CallbackError, IntakeClient
-from app.kit.forwarded import FenceToken, Forwarded, Rejected, read_forwarded, sign
-from app.kit.wire import Identity, Owned, Renewed, Settled
+from telegram_intake_kit.client import CallbackError, IntakeClient
+from telegram_intake_kit.forwarded import FenceToken, Forwarded, Rejected, read_forwarded, sign
+from telegram_intake_kit.wire import Identity, Owned, Renewed, Settled
 
 __all__ = [
     "CallbackError",

@@ -13,8 +13,8 @@ kit needs no more than pydantic; tests check it against the `standardwebhooks` p
 The identity headers and `X-Intake-Received-At` are signed too, by
 `X-Intake-Identity-Signature` (the same scheme over `identity_message`, at the same
 `webhook-timestamp`): together they are the attempt's fencing token (`FenceToken`), which
-`app.kit.fence` records in the downstream's own database, so nobody who can alter headers
-in flight can advance a stale attempt's token.
+the kit's `fence` records in the downstream's own database, so nobody who can alter headers in
+flight can advance a stale attempt's token.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from app.kit.wire import BOT_PATTERN, MAX_BIGINT, Identity
+from telegram_intake_kit.wire import BOT_PATTERN, MAX_BIGINT, Identity
 
 DEFAULT_TOLERANCE_SECONDS = 300.0
 IDENTITY_SIGNATURE_HEADER = "x-intake-identity-signature"
@@ -51,7 +51,7 @@ class Rejected(Exception):
 
 @dataclass(frozen=True)
 class FenceToken:
-    """What orders the attempts of one update for `app.kit.fence`: `(received_at, attempt)`.
+    """What orders the attempts of one update for the kit's `fence`: `(received_at, attempt)`.
 
     The attempt number grows with every claim of a recording; `received_at` (when the
     service recorded the update, epoch ms) grows from one recording to the next, since a row
@@ -85,7 +85,7 @@ class Forwarded:
 
     @property
     def fence_token(self) -> FenceToken | None:
-        """The attempt's fencing token (`app.kit.fence`); None for a plain bot, or without
+        """The attempt's fencing token (the kit's `fence`); None for a plain bot, or without
         `X-Intake-Received-At`: such a request cannot pass a fence."""
         if self.identity is None or self.received_at is None:
             return None

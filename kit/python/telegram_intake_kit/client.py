@@ -2,7 +2,7 @@
 
 Connection failures are retried by httpx's own transport (`retries`); an answer that is not
 2xx raises `CallbackError` with the service's message. The answers are the models of
-`app.kit.wire`, the same ones the service validates with.
+`telegram_intake_kit.wire`, the same ones the service validates with.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel
 
-from app.kit.wire import (
+from telegram_intake_kit.wire import (
     Acknowledged,
     Identity,
     Outcome,

@@ -52,7 +52,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import ReturningInsert
 
-from app.kit.forwarded import FenceToken
+from telegram_intake_kit.forwarded import FenceToken
 
 DEFAULT_FENCE_TABLE = "intake_fence"
 
