@@ -1,7 +1,8 @@
 """A fake of Telegram's Bot API, as far as the service calls it (written from the Bot API
 documentation), for trials (`telegram-intake fake-bot-api`, then `run --poll` against it), the
 tests and the benchmarks: setWebhook, deleteWebhook and getWebhookInfo keep the webhook
-Telegram would keep, and every call is recorded. A token other than its own is refused with
+Telegram would keep, getMe and sendMessage answer as Telegram does (for the framework
+adapters' bots), and every call is recorded. A token other than its own is refused with
 401, as Telegram does. `POST /fake/updates` (a JSON list of updates) gives it updates to hand
 out, as a bot's users would.
 
@@ -51,6 +52,7 @@ class FakeBotApi:
         self.conflicts = 0  # getUpdates answered 409
         self.certificate: bytes | None = None  # the last setWebhook's uploaded certificate
         self._polls = 0  # getUpdates calls so far: the newest one is the live one
+        self._sent_messages = 0
         self._lock = threading.Lock()
 
     def produce(self, *updates: dict[str, Any]) -> None:
@@ -62,6 +64,36 @@ class FakeBotApi:
         """What getWebhookInfo answers from now on (its fields changed)."""
         with self._lock:
             self.webhook = {**self.webhook, **fields}
+
+    def me(self) -> dict[str, Any]:
+        """getMe's bot: its id is the token's number, as Telegram's is."""
+        return {
+            "id": int(self.token.split(":", 1)[0]),
+            "is_bot": True,
+            "first_name": "Intake test bot",
+            "username": "intake_test_bot",
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
+
+    def sent(self) -> list[dict[str, Any]]:
+        """sendMessage's calls so far, in the order they came, with chat_id an integer."""
+        with self._lock:
+            calls = [params for name, params in self.calls if name == "sendMessage"]
+        return [{**call, "chat_id": int(call["chat_id"])} for call in calls]
+
+    def _message(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The Message sendMessage answers, under the lock."""
+        self._sent_messages += 1
+        chat = int(params["chat_id"])
+        return {
+            "message_id": self._sent_messages,
+            "date": int(time.time()),
+            "chat": {"id": chat, "type": "private" if chat > 0 else "group", "title": "chat"},
+            "from": self.me(),
+            "text": str(params.get("text", "")),
+        }
 
     def called(self, method: str) -> int:
         with self._lock:
@@ -83,6 +115,10 @@ class FakeBotApi:
                     held = self.webhook.get("pending_update_count", 0) + len(self.pending)
                     info = {**self.webhook, "pending_update_count": held}
                     return JSONResponse({"ok": True, "result": info})
+                if name == "getMe":
+                    return JSONResponse({"ok": True, "result": self.me()})
+                if name == "sendMessage":
+                    return JSONResponse({"ok": True, "result": self._message(params)})
                 if name == "deleteWebhook":
                     self.webhook = {"url": "", "pending_update_count": 0}
                     if params.get("drop_pending_updates"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -32,6 +33,7 @@ from app.store.migrate import upgrade
 from app.store.sqlite import SQLITE_BEGIN
 from tests.pgbouncer import BouncedStorage, PgBouncer, running_pgbouncer
 from tests.postgres_server import listening, running_cluster, wheel_binaries
+from tests.processes import under_ci
 
 DEFAULT_HOST = os.environ.get("PGHOST", "127.0.0.1")
 DEFAULT_PORT = int(os.environ.get("PGPORT", "5432"))
@@ -49,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     global POSTGRES_URL
     if hasattr(config, "workerinput") or "INTAKE_TEST_POSTGRES_URL" in os.environ:
         return
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if under_ci():
         return  # CI tests the machine's server, or fails loudly
     if listening(DEFAULT_HOST, DEFAULT_PORT) or (bindir := wheel_binaries()) is None:
         return
@@ -248,29 +250,49 @@ def _no_outside_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     monkeypatch.chdir(tmp_path)
 
 
+class Uvicorn:
+    """An ASGI app under uvicorn on 127.0.0.1, in a thread with its own event loop (as in
+    production, the test's client does not share the server's loop), started on creation.
+    `port` 0 takes an ephemeral one; `limits` are app.http.server's."""
+
+    def __init__(self, app: Any, *, port: int = 0, limits: ConnectionLimits | None = None):
+        config = server_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn stopped before it started")
+            assert time.monotonic() < deadline, "uvicorn did not start within 15 s"
+            time.sleep(0.01)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+@contextmanager
+def serving_asgi(app: Any) -> Iterator[str]:
+    """Serve `app` (`Uvicorn`) for the block; yields its base URL."""
+    server = Uvicorn(app)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 @asynccontextmanager
 async def serve_asgi(
     app: Any, *, port: int = 0, limits: ConnectionLimits | None = None
 ) -> AsyncIterator[str]:
-    """Run an ASGI app under uvicorn on 127.0.0.1:<ephemeral>, in a thread with its own event
-    loop (as in production, the test's client does not share the server's loop); yields its
-    base URL. `port` 0 takes an ephemeral one; `limits` are app.http.server's."""
-
-    config = server_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
+    """`serving_asgi` in an async test: the test's loop stays free while uvicorn stops."""
+    server = Uvicorn(app, port=port, limits=limits)
     try:
-        async with asyncio.timeout(15):
-            while not server.started:
-                if not thread.is_alive():
-                    raise RuntimeError("uvicorn stopped before it started")
-                await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        server.should_exit = True
-        await asyncio.to_thread(thread.join, 15)
+        await asyncio.to_thread(server.stop)
 
 
 @pytest.fixture

@@ -25,11 +25,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-import pytest
 from sqlalchemy.engine import make_url
 
 from app.store.migrate import upgrade
-from tests.processes import free_port
+from tests.processes import free_port, unavailable
 
 MISSING = "pgbouncer is not installed (Debian: apt-get install pgbouncer; .ci/run installs it)"
 
@@ -41,12 +40,7 @@ def binary() -> str | None:
 
 def require_binary() -> str:
     """The executable; without it, fail under CI and skip elsewhere."""
-    found = binary()
-    if found is None:
-        if os.environ.get("CI", "").lower() in ("true", "1"):
-            pytest.fail(f"{MISSING}; CI must run the PgBouncer tests", pytrace=False)
-        pytest.skip(MISSING)
-    return found
+    return binary() or unavailable(MISSING)
 
 
 class PgBouncer:

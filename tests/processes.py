@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
+import pytest
 
 SECRET = "process-secret"
 STARTUP = 30.0  # a cold interpreter importing the app, on a loaded machine
@@ -22,17 +24,24 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository: `examples` impo
 
 
 class Process:
-    """One `python -m app.cli ...` child, its stdout and stderr in files."""
+    """One `python -m app.cli ...` child (or `python -m <module>`, or any `program`), its
+    stdout and stderr in files."""
 
     def __init__(
-        self, name: str, tmp_path: Path, env: dict[str, str], *args: str, module: str = "app.cli"
+        self,
+        name: str,
+        tmp_path: Path,
+        env: dict[str, str],
+        *args: str,
+        module: str = "app.cli",
+        program: list[str] | None = None,
     ) -> None:
         self.name = name
         self.stdout_path = tmp_path / f"{name}.stdout"
         self.stderr_path = tmp_path / f"{name}.stderr"
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
+                [*(program or [sys.executable, "-m", module]), *args],
                 cwd=tmp_path,
                 env=env,
                 stdout=out,
@@ -91,8 +100,14 @@ def processes(tmp_path: Path) -> Iterator[Callable[..., Process]]:
     failing test prints what each one wrote."""
     started: list[Process] = []
 
-    def start(name: str, env: dict[str, str], *args: str, module: str = "app.cli") -> Process:
-        process = Process(name, tmp_path, env, *args, module=module)
+    def start(
+        name: str,
+        env: dict[str, str],
+        *args: str,
+        module: str = "app.cli",
+        program: list[str] | None = None,
+    ) -> Process:
+        process = Process(name, tmp_path, env, *args, module=module, program=program)
         started.append(process)
         return process
 
@@ -155,3 +170,15 @@ async def post_update(
         f"http://127.0.0.1:{port}/telegram/{bot}", content=body, headers=headers
     )
     assert answer.status_code == 200, answer.text
+
+
+def under_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Something a test needs from outside Python is missing (a binary, Node): the test fails
+    under CI (`CI=true`, which .ci/run sets) and skips elsewhere, saying why."""
+    if under_ci():
+        pytest.fail(f"{reason}; CI must run this test", pytrace=False)
+    pytest.skip(reason)
