@@ -7,9 +7,10 @@ SECRET_TOKEN and SIGNING_SECRET (either or both), INTAKE_URL and API_KEY (the ca
 optional), DEFER_AFTER (seconds).
 
 A message's text says what its handler does: `fail-once` raises on the update's first
-attempt; `terminal` raises `Terminal`; `sleep:<ms>` sleeps that long first. Then the handler
-sends one message to the chat, a JSON object: the update_id, the text, and the attempt it
-was given (with `owns()` asked of the service when the callback API is configured).
+attempt (on every one, given no attempt); `terminal` raises `Terminal`; `sleep:<ms>` sleeps
+that long first. Then the handler sends one message to the chat, a JSON object: the
+update_id, the text, and the attempt it was given (with `owns()` asked of the service when
+the callback API is configured).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def options() -> dict[str, Any]:
 async def behave(
     update_id: int, text: str, attempt: IntakeAttempt | None, send: Callable[[str], Awaitable[Any]]
 ) -> None:
-    if text == "fail-once" and attempt is not None and attempt.identity.attempt == 1:
+    if text == "fail-once" and (attempt is None or attempt.identity.attempt == 1):
         raise RuntimeError("fail-once")
     if text == "terminal":
         raise Terminal("terminal")
