@@ -1,4 +1,4 @@
-"""What every framework adapter does around the bot's own handlers (docs/frameworks.md).
+"""What every framework adapter does around the bot's own handlers (docs/kit.md).
 
 A framework's webhook helper answers Telegram early (aiogram's in the background, python-
 telegram-bot's once the update is queued), because to Telegram an answer is only a receipt.
