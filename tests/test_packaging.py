@@ -87,3 +87,18 @@ def test_an_installed_wheel_migrates_without_the_checkout(tmp_path: Path) -> Non
     for kind in ("templates", "static"):
         shipped = {f.name for f in (target / "app" / "console" / kind).iterdir()}
         assert shipped == {f.name for f in (ROOT / "app" / "console" / kind).iterdir()}, kind
+
+
+def test_the_readmes_quick_start_is_two_commands_and_ci_runs_the_second() -> None:
+    """The README promises two commands for a fresh machine; .ci/run runs the test one as
+    written, so what CI proves is what a reader runs."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Quick start")
+    section = readme[start : readme.index("\n## ", start + 1)]
+    commands = [line.strip() for line in section.splitlines() if line.startswith("    ")]
+    assert len(commands) == 2, commands
+    serve, test = commands
+    assert serve.endswith("telegram-intake run --demo")
+    assert "pytest" in test
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test in ci, f".ci/run does not run the README's test command: {test}"

@@ -20,7 +20,7 @@ BLOCKED = (
     "uvicorn",
     "standardwebhooks",
     "alembic",
-    "app.store",
+    "app",
 )
 
 
