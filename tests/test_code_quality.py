@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "app", "kit/python", "tests", "alembic", "bench"],
-        ["ruff", "format", "--check", "app", "kit/python", "tests", "alembic", "bench"],
+        ["ruff", "check", "app", "kit/python", "kit/vectors", "tests", "alembic", "bench"],
+        ["ruff", "format", "--check", "app", "kit/python", "kit/vectors", "tests", "alembic", "bench"],
         ["mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy-strict"],
