@@ -30,6 +30,7 @@ BENCHMARKS = (
     "console",
     "polling",
     "rekey",
+    "adapters",
 )
 
 

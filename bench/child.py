@@ -101,7 +101,10 @@ async def process(
         yield Child(line.decode().strip(), child.pid)
     finally:
         if label is not None and child.returncode is None:
-            peak = Child("", child.pid).peak_rss_mib()
+            try:
+                peak = Child("", child.pid).peak_rss_mib()
+            except RuntimeError:  # it has exited, unreaped: nothing to read
+                peak = 0.0
             PEAKS[label] = max(peak, PEAKS.get(label, 0.0))
         if child.returncode is None:
             child.send_signal(signal.SIGTERM)

@@ -84,9 +84,12 @@ FreshUrl = Callable[..., str]
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist with `--dist loadgroup` (the test command), the slow tests (real
     processes, measured deadlines and memory, the chaos run's own PostgreSQL) run one after
-    another in one worker, as they would alone, while the other workers share the rest."""
+    another in one worker, as they would alone, while the other workers share the rest. A
+    slow test with a group of its own (a framework's bot behind the service, which measures
+    nothing) keeps it, and runs beside them."""
     for item in items:
-        if item.get_closest_marker("slow") is not None:
+        grouped = item.get_closest_marker("xdist_group") is not None
+        if item.get_closest_marker("slow") is not None and not grouped:
             item.add_marker(pytest.mark.xdist_group("slow"))
 
 

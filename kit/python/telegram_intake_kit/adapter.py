@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from telegram_intake_kit.attempt import IntakeAttempt, Terminal, _current
 from telegram_intake_kit.client import CallbackError, IntakeClient
@@ -68,6 +69,8 @@ def describe(error: BaseException) -> str:
     callback API's length."""
     words = str(error)
     text = f"{type(error).__name__}: {words}" if words else type(error).__name__
+    # A lone surrogate (a file name read with surrogateescape) is no text the API takes.
+    text = text.encode("utf-8", "backslashreplace").decode()
     return text.replace("\x00", "")[:MAX_ERROR_LENGTH]
 
 
@@ -148,8 +151,10 @@ class Intake:
         """A deferred attempt: keep its lease while the handlers run, then settle it."""
         assert self.client is not None
         renewing = asyncio.create_task(self._renew(task, identity, self.client))
-        error = await _ended(task)
-        renewing.cancel()
+        try:
+            error = await _ended(task)
+        finally:
+            renewing.cancel()  # and when this is cancelled (aclose): settle nothing
         lost = False
         with contextlib.suppress(asyncio.CancelledError):
             lost = await renewing
@@ -168,7 +173,7 @@ class Intake:
                     log.warning("deferred attempt %s lost its claim; cancelled", identity)
                     task.cancel()
                     return True
-            except (CallbackError, httpx.HTTPError) as error:
+            except (CallbackError, httpx.HTTPError, ValidationError) as error:
                 log.warning("could not renew deferred attempt %s: %s", identity, error)
             await asyncio.sleep(self.deferred_lease / 3)
 
@@ -207,13 +212,15 @@ class Intake:
 
 
 async def _ended(task: asyncio.Task[None]) -> BaseException | None:
-    """Wait for the handlers; what they raised, or None."""
+    """Wait for the handlers; what they raised, or None. Cancelled itself (the request, a
+    shutdown), it stays cancelled, and the handlers with it."""
     try:
         await task
     except Exception as error:
         return error
     except asyncio.CancelledError as cancelled:
-        if task.cancelled():
-            return cancelled  # the handlers were cancelled (a lost lease, a shutdown)
-        raise
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+        return cancelled  # only the handlers were cancelled: their claim was lost
     return None

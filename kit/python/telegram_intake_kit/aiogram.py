@@ -90,7 +90,14 @@ class IntakeRequestHandler:
         seen: list[Terminal] = []
         _terminal.set(seen)
         # `intake` always, None included: a handler that names it must always receive it.
-        result = await self.dispatcher.feed_update(self.bot, update, **self.data, intake=attempt)
+        try:
+            result = await self.dispatcher.feed_update(
+                self.bot, update, **self.data, intake=attempt
+            )
+        except Exception:
+            if seen:  # an errors handler raised something else after the Terminal
+                raise seen[0] from None
+            raise
         if seen:
             raise seen[0]  # an errors handler took it; it still says "never"
         if isinstance(result, TelegramMethod):

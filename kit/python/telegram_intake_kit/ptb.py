@@ -104,7 +104,8 @@ class WebhookApp:
             await self._http(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"] != "/":
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if path not in ("", "/"):
             await _answer(send, Answer(404, {"error": "not found"}))
             return
         if scope["method"] != "POST":
@@ -122,7 +123,11 @@ class WebhookApp:
 
     async def _process(self, forwarded: Forwarded, _attempt: IntakeAttempt | None) -> None:
         application = self.application
-        update = Update.de_json(forwarded.update, application.bot)
+        try:
+            update = Update.de_json(forwarded.update, application.bot)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            # As for aiogram: a retry cannot help; upgrade the library and redrive it.
+            raise Terminal(f"python-telegram-bot cannot read this update: {error!r}") from error
         if isinstance(application.bot, ExtBot):
             application.bot.insert_callback_data(update)
         seen = _Seen()
@@ -154,6 +159,7 @@ class WebhookApp:
         await self.intake.aclose()
         if not self._owned:
             return
+        self._owned = False  # a second shutdown message stops nothing twice
         application = self.application
         if application.running:
             await application.stop()
