@@ -255,21 +255,25 @@ def _no_outside_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 class Uvicorn:
     """An ASGI app under uvicorn on 127.0.0.1, in a thread with its own event loop (as in
-    production, the test's client does not share the server's loop), started on creation.
-    `port` 0 takes an ephemeral one; `limits` are app.http.server's."""
+    production, the test's client does not share the server's loop). `port` 0 takes an
+    ephemeral one; `limits` are app.http.server's."""
 
     def __init__(self, app: Any, *, port: int = 0, limits: ConnectionLimits | None = None):
         config = server_config(app, host="127.0.0.1", port=port, limits=limits, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("uvicorn stopped before it started")
-            assert time.monotonic() < deadline, "uvicorn did not start within 15 s"
-            time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+        self.deadline = time.monotonic() + 15
+
+    def started(self) -> bool:
+        if not self.thread.is_alive():
+            raise RuntimeError("uvicorn stopped before it started")
+        assert time.monotonic() < self.deadline, "uvicorn did not start within 15 s"
+        return bool(self.server.started)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -281,6 +285,8 @@ def serving_asgi(app: Any) -> Iterator[str]:
     """Serve `app` (`Uvicorn`) for the block; yields its base URL."""
     server = Uvicorn(app)
     try:
+        while not server.started():
+            time.sleep(0.01)
         yield server.url
     finally:
         server.stop()
@@ -290,9 +296,14 @@ def serving_asgi(app: Any) -> Iterator[str]:
 async def serve_asgi(
     app: Any, *, port: int = 0, limits: ConnectionLimits | None = None
 ) -> AsyncIterator[str]:
-    """`serving_asgi` in an async test: the test's loop stays free while uvicorn stops."""
+    """`serving_asgi` in an async test: the test's loop stays free (its own servers, such as
+    a proxy to the database, serve the app's start-up) while uvicorn starts and stops."""
     server = Uvicorn(app, port=port, limits=limits)
     try:
+        while True:  # polled: the flag is the server thread's
+            if server.started():
+                break
+            await asyncio.sleep(0.01)
         yield server.url
     finally:
         await asyncio.to_thread(server.stop)

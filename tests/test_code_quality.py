@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PYTHON = ["app", "kit/python", "kit/vectors", "tests", "alembic", "bench"]
 
 
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "app", "kit/python", "kit/vectors", "tests", "alembic", "bench"],
-        ["ruff", "format", "--check", "app", "kit/python", "kit/vectors", "tests", "alembic", "bench"],
+        ["ruff", "check", *PYTHON],
+        ["ruff", "format", "--check", *PYTHON],
         ["mypy"],
     ],
     ids=["ruff-check", "ruff-format", "mypy-strict"],

@@ -26,12 +26,12 @@ from telegram_intake_kit import Forwarded, Identity, IntakeAttempt, Terminal, cu
 from telegram_intake_kit.adapter import Intake, describe
 from telegram_intake_kit.forwarded import identity_message, sign
 from telegram_intake_kit.wire import MAX_ERROR_LENGTH, SettleRequest
+from tests.kit.conftest import message_update
 
 SECRET_TOKEN = "adapter-downstream-secret"
 SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 API_KEY = "adapter-callback-key"
 BOT = "shop"
-CHAT = 4242
 RECEIVED_AT = 1_796_126_400_123
 LEASE_EXPIRES_AT = 1_796_126_467_000
 DEFER_AFTER = 0.1
@@ -39,20 +39,6 @@ DEFERRED_LEASE = 1.0  # renewed every third of it: 0.33 s
 
 
 # ---- requests as the service forwards them ------------------------------------------------
-
-
-def message_update(update_id: int, text: str = "hello", chat: int = CHAT) -> dict[str, Any]:
-    """A text message update, as Telegram sends it."""
-    return {
-        "update_id": update_id,
-        "message": {
-            "message_id": update_id,
-            "date": 1_700_000_000,
-            "chat": {"id": chat, "type": "private", "first_name": "U"},
-            "from": {"id": chat, "is_bot": False, "first_name": "U"},
-            "text": text,
-        },
-    }
 
 
 def identity_of(update_id: int, attempt: int = 1) -> Identity:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,44 +23,22 @@ from aiogram.methods import SendMessage
 from aiogram.types import ErrorEvent, Message
 from aiohttp import web
 
-from app.fake_bot_api import FakeBotApi
 from telegram_intake_kit import IntakeAttempt, Terminal, current_attempt
 from telegram_intake_kit.aiogram import IntakeRequestHandler, _see_terminal
-from tests.conftest import serving_asgi
+from tests.kit.conftest import CHAT, BotApi, message_update
 from tests.kit.test_adapter import (
     API_KEY,
-    CHAT,
     RECEIVED_AT,
     SECRET_TOKEN,
     SIGNING_SECRET,
     CallbackApi,
     identity_of,
-    message_update,
     request_for,
     serving_aiohttp,
     until,
 )
 
 PATH = "/webhook"
-
-
-@dataclass
-class BotApi:
-    fake: FakeBotApi
-    url: str
-
-
-@pytest.fixture(scope="module")
-def served_bot_api() -> Iterator[BotApi]:
-    fake = FakeBotApi()
-    with serving_asgi(fake.app()) as url:
-        yield BotApi(fake, url)
-
-
-@pytest.fixture
-def bot_api(served_bot_api: BotApi) -> BotApi:
-    served_bot_api.fake.calls.clear()
-    return served_bot_api
 
 
 def make_bot(bot_api: BotApi) -> Bot:

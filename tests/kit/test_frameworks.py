@@ -35,6 +35,7 @@ import pytest
 
 from app.fake_bot_api import FakeBotApi
 from tests.conftest import Storage, serving_asgi
+from tests.kit.conftest import message_update
 from tests.kit.node import node_bot
 from tests.processes import ROOT, SECRET, STARTUP, Process, environment, free_port, processes
 
@@ -66,16 +67,7 @@ class Stack:
     bot: Process
 
     def post(self, update_id: int, chat: int, text: str) -> None:
-        update = {
-            "update_id": update_id,
-            "message": {
-                "message_id": update_id,
-                "date": 1_700_000_000,
-                "chat": {"id": chat, "type": "private", "first_name": "U"},
-                "from": {"id": chat, "is_bot": False, "first_name": "U"},
-                "text": text,
-            },
-        }
+        update = message_update(update_id, text, chat)
         answer = httpx.post(
             f"{self.service}/telegram/default",
             json=update,

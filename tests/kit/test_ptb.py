@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -30,18 +29,16 @@ from telegram.ext import (
     filters,
 )
 
-from app.fake_bot_api import FakeBotApi
 from telegram_intake_kit import IntakeAttempt, Terminal, current_attempt
 from telegram_intake_kit.ptb import MAX_BODY_BYTES, WebhookApp, webhook_app
-from tests.conftest import serve_asgi, serving_asgi
+from tests.conftest import serve_asgi
+from tests.kit.conftest import CHAT, BotApi, message_update
 from tests.kit.test_adapter import (
     API_KEY,
-    CHAT,
     SECRET_TOKEN,
     SIGNING_SECRET,
     CallbackApi,
     identity_of,
-    message_update,
     request_for,
     serving_aiohttp,
     until,
@@ -49,25 +46,6 @@ from tests.kit.test_adapter import (
 
 AnyApplication = Application[Any, Any, Any, Any, Any, Any]
 Callback = Callable[[Update, ContextTypes.DEFAULT_TYPE], Coroutine[Any, Any, None]]
-
-
-@dataclass
-class BotApi:
-    fake: FakeBotApi
-    url: str
-
-
-@pytest.fixture(scope="module")
-def served_bot_api() -> Iterator[BotApi]:
-    fake = FakeBotApi()
-    with serving_asgi(fake.app()) as url:
-        yield BotApi(fake, url)
-
-
-@pytest.fixture
-def bot_api(served_bot_api: BotApi) -> BotApi:
-    served_bot_api.fake.calls.clear()
-    return served_bot_api
 
 
 def make_application(bot_api: BotApi, calls: list[str] | None = None) -> AnyApplication:
