@@ -4,8 +4,8 @@ service's guarantees hold to the end of the bot's own handlers.
 aiogram and python-telegram-bot from PyPI (tests/kit/bots), grammY and Telegraf from npm
 (kit/typescript/test/bots), all doing what tests/kit/bots/behaviour.py says, against the fake
 Bot API, whose recorded sendMessage calls are the bots' effects. The service runs on
-PostgreSQL with a one-second lease, a five-second forward timeout, and the bot deferring its
-answer after three and a half seconds. Five checks, for each framework:
+PostgreSQL with a one-second lease, a three-second forward timeout, and the bot deferring its
+answer after two seconds. Five checks, for each framework:
 
 - a handler that raised is retried, and its update handled once;
 - `Terminal` becomes an exhaustion;
@@ -24,7 +24,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +45,8 @@ API_KEY = "framework-callback-key"
 DOWNSTREAM_SECRET = "framework-downstream-secret"
 SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 LEASE_SECONDS = 1
-FORWARD_TIMEOUT_SECONDS = 5
-DEFER_AFTER = 3.5
+FORWARD_TIMEOUT_SECONDS = 3
+DEFER_AFTER = 2
 WAIT = 30.0
 
 
@@ -169,17 +169,32 @@ def running(
         storage.drop()
 
 
-@pytest.fixture(scope="class", params=FRAMEWORKS)
-def stack(
-    request: pytest.FixtureRequest,
+@pytest.fixture(scope="session")
+def stacks(
     tmp_path_factory: pytest.TempPathFactory,
     postgres_admin: psycopg.Connection[tuple[object, ...]],
-) -> Iterator[Stack]:
-    name = str(request.param)
-    with running(name, tmp_path_factory.mktemp(name), postgres_admin) as made:
-        yield made
+) -> Iterator[Callable[[str], Stack]]:
+    """Each framework's stack, built once in a worker (its tests share an xdist group, so
+    one worker runs them all, in whatever order) and stopped at the end of the session."""
+    built: dict[str, Stack] = {}
+    with ExitStack() as stopping:
+
+        def get(name: str) -> Stack:
+            if name not in built:
+                made = running(name, tmp_path_factory.mktemp(name), postgres_admin)
+                built[name] = stopping.enter_context(made)
+            return built[name]
+
+        yield get
 
 
+@pytest.fixture
+def stack(framework: str, stacks: Callable[[str], Stack]) -> Stack:
+    return stacks(framework)
+
+
+# Parametrized on the tests, not the fixture: only a test's own marks reach xdist's groups.
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 class TestBehindTheService:
     def test_a_handler_that_raised_is_handled_once_afterwards(self, stack: Stack) -> None:
         stack.post(101, 1001, "fail-once")
@@ -220,8 +235,8 @@ class TestBehindTheService:
         assert delivered == posted
 
     def test_a_handler_slower_than_the_lease_keeps_its_attempt(self, stack: Stack) -> None:
-        # 2.5 s: past the 1 s lease, short of the 3.5 s deferral; the worker renews.
-        stack.post(401, 4001, "sleep:2500")
+        # 1.6 s: past the 1 s lease, short of the 2 s deferral; the worker renews.
+        stack.post(401, 4001, "sleep:1600")
         stack.until("handled", lambda: stack.settled(401))
         (message,) = stack.sent_for(401)
         assert message["intake"]["attempt"] == 1
@@ -229,18 +244,18 @@ class TestBehindTheService:
         assert [a["outcome"] for a in stack.attempts(401)] == ["completed"]
 
     def test_a_handler_slower_than_the_forward_timeout_is_deferred(self, stack: Stack) -> None:
-        # 7 s: past the 5 s forward timeout. The adapter answers 202 at 3.5 s, renews, and
+        # 4.5 s: past the 3 s forward timeout. The adapter answers 202 at 2 s, renews, and
         # settles when the handler ends; the chat's next update waits its turn.
-        stack.post(501, 5001, "sleep:7000")
+        stack.post(501, 5001, "sleep:4500")
         stack.post(502, 5001, "next")
         stack.until("both handled", lambda: stack.settled(501) and stack.settled(502))
         in_chat = [message["update_id"] for chat, message in stack.sent() if chat == 5001]
         assert in_chat == [501, 502]
         # One attempt, settled through the callback API (no HTTP status) after the handler's
-        # 7 s: past the forward timeout, the lease and the deferral.
+        # 4.5 s: past the forward timeout, the lease and the deferral.
         (first,) = stack.attempts(501)
         assert (first["attempt"], first["outcome"], first["status_code"]) == (1, "completed", None)
-        assert first["duration_ms"] >= 6_500
+        assert first["duration_ms"] >= 4_000
 
     def test_the_attempt_is_the_forwarded_identity(self, stack: Stack) -> None:
         stack.post(601, 6001, "hello")

@@ -16,7 +16,8 @@ import pytest
 from tests.kit.node import installed, npm, one_at_a_time, tools
 from tests.processes import ROOT
 
-pytestmark = pytest.mark.slow
+# Slow, but measuring nothing: a group of their own, beside the timed slow tests.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("kit-packages")]
 
 USE_THE_WHEEL = textwrap.dedent(
     """

@@ -9,7 +9,8 @@ import pytest
 
 from tests.kit.node import installed, npm, one_at_a_time
 
-pytestmark = pytest.mark.slow
+# Slow, but measuring nothing: a group of their own, beside the timed slow tests.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("kit-packages")]
 
 
 def test_the_typescript_kits_own_tests_pass() -> None:
