@@ -88,7 +88,8 @@ async def test_concurrent_renewals_share_writes_extend_each_and_refuse_the_rest(
     await renewals.start()
     try:
         now = _now()
-        held, identities = await _held_and_forged(store, now, lambda _: 1_000)
+        # Leases that outlive the claim and the renewals on a slow, loaded machine.
+        held, identities = await _held_and_forged(store, now, lambda _: 30_000)
         asked = [(identity, 600_000) for identity in identities]
         answers = await asyncio.gather(*(renewals.renew(i, ms) for i, ms in asked))
         leases = await store.owned_leases(held, now)
