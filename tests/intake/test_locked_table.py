@@ -34,6 +34,9 @@ def _body(update_id: int) -> str:
     return json.dumps({"update_id": update_id, "message": {"text": "x" * BODY_TEXT}})
 
 
+RESENT: list[int] = []  # posts whose connection was reset unanswered, sent again
+
+
 async def _post_all(base: str) -> list[tuple[int, float]]:
     """Every post at its time; each answer's status and how long after its own send."""
     # A fresh connection for each post, as Telegram's own: a kept-alive connection that the
@@ -44,11 +47,21 @@ async def _post_all(base: str) -> list[tuple[int, float]]:
 
         async def one(update_id: int) -> tuple[int, float]:
             await asyncio.sleep(update_id / RATE)
-            began = time.monotonic()
-            response = await client.post(
-                f"{base}/telegram/default", content=_body(update_id), headers=dict(WEBHOOK)
-            )
-            return response.status_code, time.monotonic() - began
+            for attempt in range(3):
+                began = time.monotonic()
+                try:
+                    response = await client.post(
+                        f"{base}/telegram/default", content=_body(update_id), headers=dict(WEBHOOK)
+                    )
+                except httpx.ReadError:
+                    # A connection an overloaded machine reset before any answer: Telegram
+                    # sends the update again, and so does this client (at most twice).
+                    if attempt == 2:
+                        raise
+                    RESENT.append(update_id)
+                    continue
+                return response.status_code, time.monotonic() - began
+            raise AssertionError("unreachable")
 
         return await asyncio.gather(*(one(n) for n in range(POSTS)))
 
@@ -97,10 +110,14 @@ async def test_a_locked_table_costs_each_request_its_budget_and_bounded_memory(
     print(  # the figures of docs/reliability.md
         f"\nRSS MiB before {before / 1024:.0f}, peak {peak / 1024:.0f}, after {after / 1024:.0f};"
         f" slowest answer seen by the client {max(took for _, took in answers):.2f} s;"
-        f" commits answered within 1, 2.5, 5 s of arrival: {within[1]}, {within[2.5]}, {within[5]}"
+        f" commits answered within 1, 2.5, 5 s of arrival: {within[1]}, {within[2.5]}, {within[5]};"
+        f" posts sent again after a reset connection: {len(RESENT)}"
     )
     assert {status for status, _ in answers} == {503}
-    assert within[2.5] == POSTS + 1, within  # the 2 s budget, each from its own arrival
+    # The 2 s budget, each from its own arrival: every commit wait the server saw (a resent
+    # post's first may have arrived too) ended within 2.5 s.
+    assert within[2.5] == within[float("inf")] >= POSTS + 1, (within, RESENT)
+    assert len(RESENT) <= POSTS // 50, RESENT
     assert (peak - before) / 1024 <= 64
     # What stays is within the same bound (before, 210 MiB stayed): Python's allocator keeps
     # the arenas it used, 20 to 35 MiB here, and does not grow them on the next lock.
