@@ -21,27 +21,20 @@ prints `ready <port>` once it accepts requests, and stops on SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
-import signal
 import sys
 from typing import Any
 
 import uvicorn
 import uvloop
 
+from bench.intake_servers import AnnouncingServer, serve_aiohttp
+
 SECRET = "bench-downstream-secret"  # noqa: S105 - a fixed bench secret
 SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # noqa: S105
 TOKEN = "42:TEST"  # noqa: S105 - the fake Bot API's
 HOST = "127.0.0.1"
-
-
-class AnnouncingServer(uvicorn.Server):
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
-        await super().startup(sockets)
-        if self.servers:
-            print(f"ready {self.servers[0].sockets[0].getsockname()[1]}", flush=True)
 
 
 async def serve_aiogram(kit: bool) -> None:
@@ -68,15 +61,7 @@ async def serve_aiogram(kit: bool) -> None:
     else:
         own = SimpleRequestHandler(dispatcher, bot, handle_in_background=False, secret_token=SECRET)
         own.register(app, path="/")
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, HOST, 0)
-    await site.start()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    print(f"ready {runner.addresses[0][1]}", flush=True)
-    await stop.wait()
-    await runner.cleanup()
+    await serve_aiohttp(app)
 
 
 def ptb_application(bot_api: str) -> Any:

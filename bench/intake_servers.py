@@ -21,6 +21,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import uvicorn
 import uvloop
@@ -97,6 +98,14 @@ async def serve_aiogram() -> None:
     handler = SimpleRequestHandler(dispatcher, bot, handle_in_background=True, secret_token=SECRET)
     handler.register(app, path=f"/telegram/{BOT}")
     setup_application(app, dispatcher, bot=bot)
+    await serve_aiohttp(app)
+
+
+async def serve_aiohttp(app: Any) -> None:
+    """Serve an aiohttp application on HOST (ephemeral port): `ready <port>`, then until
+    SIGTERM."""
+    from aiohttp import web
+
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, HOST, 0)
