@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 from pydantic import AnyHttpUrl
 
-from app.config import BotSettings, Settings
+from app.bot_settings import BotSettings
+from app.config import Settings
 
 log = logging.getLogger(__name__)
 

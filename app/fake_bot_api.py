@@ -33,8 +33,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app.config import MAX_CERTIFICATE_BYTES
 from app.queues import DEFAULT_UPDATES, QUEUES
+from app.webhook_rules import MAX_CERTIFICATE_BYTES
 
 TOKEN = "123456:AAH-secret-bot-token"  # noqa: S105 - the fake's default, a trial token
 

@@ -1,7 +1,7 @@
-"""Each bot as an operator sees it at a glance (SPEC section 9's `GET /v1/bots`): running or
-paused, its rate limit, its rows by state, open exhaustions, the oldest undelivered update's age,
-its breaker, and what Telegram last said of its webhook. One view for the API, the command line
-and the console."""
+"""Each bot as an operator sees it at a glance (docs/contract.md section 9's `GET /v1/bots`):
+running or paused, its rate limit, its rows by state, open exhaustions, the oldest undelivered
+update's age, its breaker, and what Telegram last said of its webhook. One view for the API, the
+command line and the console."""
 
 from __future__ import annotations
 

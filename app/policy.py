@@ -1,4 +1,4 @@
-"""What a downstream's answer means (SPEC section 6), and when to try again.
+"""What a downstream's answer means (docs/contract.md section 6), and when to try again.
 
 2xx but 202: completed. 202: deferred, the downstream settles through the callback API.
 408, 425, 429, 3xx, 5xx, a connection error or a timeout: retry with backoff, honouring
@@ -16,7 +16,7 @@ from typing import Literal
 
 import httpx
 
-from app.config import BotSettings
+from app.bot_settings import BotSettings
 
 Kind = Literal["completed", "deferred", "retry", "terminal"]
 RETRYABLE_4XX = frozenset({408, 425, 429})

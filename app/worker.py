@@ -22,8 +22,9 @@ from app.api import Services, health
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.heap import freeze_after_startup
+from app.http.connection_limits import ConnectionLimits
 from app.http.guard import install_guard
-from app.http.server import ConnectionLimits, server_config
+from app.http.server import server_config
 from app.metrics import Metrics
 from app.store import OperatorStore, open_store
 

@@ -28,7 +28,8 @@ import uvloop
 from fastapi import FastAPI
 from pydantic import SecretStr
 
-from app.config import BotSettings, Settings
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.http.server import server_config
 from app.intake.route import Intake
 from app.main import create_app

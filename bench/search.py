@@ -3,8 +3,8 @@
 The table: 1,000,000 rows of three bots over 5,000 chats, spread over a day, most of them
 completed, with failed, pending and exhausted ones among them, and four update types of very
 different frequency (message 80%, callback_query 15%, edited_message 4.9%, my_chat_member
-0.1%). Each filter of SPEC section 9 is searched 60 times with fresh random values (a chat,
-an hour of the day, a page deep in the results by cursor), through the store as the API calls
+0.1%). Each filter of docs/contract.md section 9 is searched 60 times with fresh random values (a
+chat, an hour of the day, a page deep in the results by cursor), through the store as the API calls
 it; p50 and p95 per filter, beside the floor of the same run: `get_update`, one primary-key
 read. The target (issue 16): every indexed filter under 100 ms p95 on PostgreSQL; `contains`
 reads at most 1,000 rows per page, bounded by the others.

@@ -27,7 +27,8 @@ import uvicorn
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from app.http.server import ConnectionLimits, server_config
+from app.http.connection_limits import ConnectionLimits
+from app.http.server import server_config
 from app.store.engine import create_sync_engine
 from app.store.migrate import upgrade
 from app.store.sqlite import SQLITE_BEGIN

@@ -26,7 +26,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.config import BotSettings, Settings
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.store import SqlUpdateStore, open_store
 from tests.conftest import serve_asgi

@@ -241,7 +241,7 @@ def test_invalid_worker_settings_name_the_field(
 
 
 def test_a_bots_mode_names_the_table_capability_it_needs() -> None:
-    from app.config import BotSettings
+    from app.bot_settings import BotSettings
 
     modes = {
         m: BotSettings(name="b", secret_token="s", mode=m).capability
@@ -477,7 +477,7 @@ def test_max_connections_is_up_to_100_with_telegram_and_100000_with_a_local_serv
 def test_any_bot_api_url_but_api_telegram_org_is_a_local_server(url: str, local: bool) -> None:
     from pydantic import AnyHttpUrl
 
-    from app.config import is_local_bot_api
+    from app.webhook_rules import is_local_bot_api
 
     assert is_local_bot_api(AnyHttpUrl(url)) is local
     assert is_local_bot_api(Settings(bot_api_url=url).bot_api_url) is local

@@ -21,8 +21,9 @@ from sqlalchemy.engine import make_url
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.config import BotSettings, Settings
-from app.http.server import ConnectionLimits
+from app.bot_settings import BotSettings
+from app.config import Settings
+from app.http.connection_limits import ConnectionLimits
 from app.main import create_app
 from app.metrics import Metrics
 from app.store import open_store

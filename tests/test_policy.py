@@ -1,5 +1,5 @@
-"""Outcome classification (SPEC section 6), Retry-After and backoff (the breaker has its own
-tests, under tests/dispatch)."""
+"""Outcome classification (docs/contract.md section 6), Retry-After and backoff (the breaker has
+its own tests, under tests/dispatch)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from app.config import BotSettings
+from app.bot_settings import BotSettings
 from app.policy import Outcome, classify, classify_error, retry_after, retry_delay_ms
 
 BOT = BotSettings(name="shop", secret_token=SecretStr("s"))

@@ -14,7 +14,9 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from app.config import ApiKey, BotSettings, Settings
+from app.api_keys import ApiKey
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.main import create_app
 from tests.conftest import Storage, serve_asgi
 from tests.processes import ROOT

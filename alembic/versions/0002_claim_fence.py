@@ -1,4 +1,4 @@
-"""ADR 0256: a Telegram attempt is fenced by a persisted claim.
+"""A Telegram attempt is fenced by a persisted claim (docs/design.md, decisions 2 and 5).
 
 Adds claim_id (a fresh UUID per claim), exhausted_at and acknowledged_at (a durable exhaustion
 is an abandoned row with exhausted_at set until its exact acknowledgement), the index that pages

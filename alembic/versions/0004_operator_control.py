@@ -1,4 +1,5 @@
-"""Operator control (SPEC section 9): attempt history, bot controls, the audit log, search.
+"""Operator control (docs/contract.md section 9): attempt history, bot controls, the audit log,
+search.
 
 Adds four tables beside the updates table, each named after it: `_attempts` (one row per
 attempt: its claim, start and end, outcome, HTTP status, error excerpt and worker; kept as

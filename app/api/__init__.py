@@ -1,6 +1,6 @@
 """The `/v1` API: the callback routes a downstream calls (`claims`), the operations reads
-(`operations`) and operator control (`control`), all behind bearer keys (`deps`). Errors
-answer `{"error": "..."}`."""
+(`operations`) and operator control (`control`, its messages `control_messages`), all behind
+bearer keys (`deps`). Errors answer `{"error": "..."}`."""
 
 from __future__ import annotations
 

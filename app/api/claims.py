@@ -1,15 +1,16 @@
-"""The callback API (SPEC section 5): a downstream asks whether it still owns its attempt,
-extends its lease, and settles. Every answer is the store's fenced transition for the exact
+"""The callback API (docs/contract.md section 5): a downstream asks whether it still owns its
+attempt, extends its lease, and settles. Every answer is the store's fenced transition for the exact
 identity, run at the database clock's now: a stale or recycled identity changes nothing."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Response
 
-from app.api.control import AcknowledgedInBulk, AcknowledgeRequest, acknowledge_in_bulk
+from app.api.control import acknowledge_in_bulk
+from app.api.control_messages import AcknowledgedInBulk, AcknowledgeRequest
 from app.api.deps import REFUSALS, Callback, CallbackOrOperator, Grant, StrictJsonRoute
 from app.api.lean import LeanRoute
-from app.config import BotSettings
+from app.bot_settings import BotSettings
 from app.policy import Outcome, retry_delay_ms
 from app.store import Abandoned, ClaimIdentity, Completed, Failed
 from telegram_intake_kit.wire import (

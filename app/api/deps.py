@@ -18,7 +18,9 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api.leases import LeaseChecks, LeaseRenewals
-from app.config import ApiKey, BotSettings, Scope, Settings
+from app.api_keys import ApiKey, Scope
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED
 from app.http.strict_json import NotJson, read_json
 from app.store import ClaimIdentity, OperatorStore

@@ -2,8 +2,8 @@
 beside the intake and the API; `telegram-intake worker` serves them alone on
 INTAKE_WORKER_PORT. Each reads what it needs from `app.state`: settings, store, metrics.
 
-/readyz answers anyone, but says only ready or not (SPEC section 16): why it is not (a bot
-Telegram refuses, the schema's revision, the database's error) and the schema's capability
+/readyz answers anyone, but says only ready or not (docs/contract.md section 16): why it is not (a
+bot Telegram refuses, the schema's revision, the database's error) and the schema's capability
 are for a key with the viewer scope, which the request guard looks up when one is presented
 (`app.http.guard`)."""
 
@@ -13,7 +13,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import REFUSALS, Viewer
-from app.config import ApiKey, Settings
+from app.api_keys import ApiKey
+from app.config import Settings
 from app.http.keys import API_KEY_SCOPE
 from app.metrics import CONTENT_TYPE, Metrics
 from app.store import OperatorStore, SchemaError, StoreError

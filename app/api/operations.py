@@ -1,5 +1,5 @@
-"""The operations API (SPEC section 5): open exhaustions by cursor, one update's row, and
-counts by bot and state. Read-only; acknowledging is in `app.api.claims`."""
+"""The operations API (docs/contract.md section 5): open exhaustions by cursor, one update's row,
+and counts by bot and state. Read-only; acknowledging is in `app.api.claims`."""
 
 from __future__ import annotations
 

@@ -4,7 +4,9 @@
 - `app.cli.telegram`: set-webhook, webhook-info (the Bot API);
 - `app.cli.operations`: exhaustions list, stats, send;
 - `app.cli.control`: operator control: bots, pause, resume, rate-limit, updates, attempts,
-  park, audit, exhaustions redrive|ack.
+  park, audit;
+- `app.cli.exhaustion_actions`: exhaustions redrive|ack;
+- `app.cli.terminal`: what the operator commands share: arguments, the actor, tables and JSON.
 
 Every handler takes the validated settings and the parsed arguments and returns the exit code:
 0 done, 1 the operation failed (Telegram refused, nothing matched), 2 bad configuration.
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from app import logs
-from app.cli import control, operations, service, telegram
+from app.cli import control, exhaustion_actions, operations, service, telegram
 from app.cli.service import Handler, run_loop
 from app.config import Settings, describe
 
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_commands(commands)
     telegram.add_commands(commands)
     exhaustions = operations.add_commands(commands)
-    control.add_exhaustion_actions(exhaustions)
+    exhaustion_actions.add_exhaustion_actions(exhaustions)
     control.add_commands(commands)
     return parser
 

@@ -1,6 +1,7 @@
 """Commands for operators: exhaustions list and stats read the database the service uses
 (INTAKE_DATABASE_URL), so they work whether the service runs or not; send posts updates to a
-running intake, as Telegram would. Operator control's commands are `app.cli.control`."""
+running intake, as Telegram would. Operator control's commands are `app.cli.control` and
+`app.cli.exhaustion_actions`; `run_on_store` runs theirs too."""
 
 from __future__ import annotations
 
@@ -9,43 +10,17 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from app.cli.service import Commands
+from app.cli.terminal import age_text, table, time_text
 from app.config import Settings
 from app.store import OperatorStore, StoreError, open_store, validate
 from app.store.types import STATES
-
-
-def table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Rows under a header, columns padded to their widest cell."""
-    cells = [[str(cell) for cell in row] for row in [head, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in cells
-    )
-
-
-def _time(epoch_ms: int | None) -> str:
-    if epoch_ms is None:
-        return "-"
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _age(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    seconds = ms / 1000
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.1f}s"
 
 
 async def _with_store(settings: Settings) -> OperatorStore:
@@ -53,7 +28,7 @@ async def _with_store(settings: Settings) -> OperatorStore:
     return await open_store(settings.database_url, **options)
 
 
-def _run(settings: Settings, work: Any) -> int:
+def run_on_store(settings: Settings, work: Any) -> int:
     async def go() -> int:
         store = await _with_store(settings)
         try:
@@ -102,7 +77,7 @@ def _exhaustions_list(settings: Settings, args: argparse.Namespace) -> int:
                         row.identity.update_id,
                         row.identity.attempt,
                         row.identity.claim_id,
-                        _time(row.exhausted_at),
+                        time_text(row.exhausted_at),
                         (row.error or "")[:60],
                     ]
                     for row in rows
@@ -116,7 +91,7 @@ def _exhaustions_list(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 0
 
-    return _run(settings, work)
+    return run_on_store(settings, work)
 
 
 def _stats(settings: Settings, args: argparse.Namespace) -> int:
@@ -159,7 +134,7 @@ def _stats(settings: Settings, args: argparse.Namespace) -> int:
                         "-"
                         if row.unacknowledged_exhaustions is None
                         else row.unacknowledged_exhaustions,
-                        _age(
+                        age_text(
                             None
                             if row.oldest_undelivered_at is None
                             else now - row.oldest_undelivered_at
@@ -171,7 +146,7 @@ def _stats(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 0
 
-    return _run(settings, work)
+    return run_on_store(settings, work)
 
 
 def _updates(source: str) -> Iterator[str]:
@@ -230,8 +205,8 @@ def _send(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def add_commands(commands: Commands) -> Any:
-    """exhaustions list, stats, send; the `exhaustions` actions, for `app.cli.control` to add
-    redrive and ack to."""
+    """exhaustions list, stats, send; the `exhaustions` actions, for
+    `app.cli.exhaustion_actions` to add redrive and ack to."""
     exhaustions = commands.add_parser(
         "exhaustions",
         help="list open exhaustions; redrive or acknowledge them by filter or identity",

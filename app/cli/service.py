@@ -17,9 +17,12 @@ import uvicorn
 from pydantic import SecretStr
 from starlette.types import ASGIApp
 
-from app.config import ApiKey, BotOptions, BotSettings, Settings
+from app.api_keys import ApiKey
+from app.bot_settings import BotOptions, BotSettings
+from app.config import Settings
 from app.demo import demo_downstream
-from app.http.server import ConnectionLimits, server_config
+from app.http.connection_limits import ConnectionLimits
+from app.http.server import server_config
 from app.store import StoreError, migrate
 from app.store.engine import normalise_url
 
@@ -82,9 +85,9 @@ def _demo(settings: Settings, args: argparse.Namespace) -> tuple[Settings, ASGIA
 
 
 def _polling(settings: Settings) -> Settings | str:
-    """`run --poll`: the bots with a token take their updates by getUpdates (SPEC section 11);
-    with none configured, bot `default` from INTAKE_BOT_TOKEN, its webhook secret generated
-    (no webhook is used). A problem's words instead when no bot has a token."""
+    """`run --poll`: the bots with a token take their updates by getUpdates (docs/contract.md
+    section 11); with none configured, bot `default` from INTAKE_BOT_TOKEN, its webhook secret
+    generated (no webhook is used). A problem's words instead when no bot has a token."""
     bots = settings.bots
     if not bots and settings.bot_token is not None:
         options = {

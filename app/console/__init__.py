@@ -1,9 +1,11 @@
-"""The console (SPEC section 10): `/console` on `serve` and `run`, the operator's web page.
+"""The console (docs/contract.md section 10): `/console` on `serve` and `run`, the operator's web
+page.
 
 Server-rendered Jinja2 templates (`templates/`) and plain forms; one small script refreshes the
 overview (`static/console.js`), and every page reads without it. Sign-in and CSRF are
 `session.py`, the security headers, the route class, forms and error pages `forms.py`, the
-pages `pages.py`. The pages and their files ship in the wheel.
+pages `pages.py` (sign-in, overview, bots, audit), `update_pages.py` and `exhaustion_pages.py`.
+The pages and their files ship in the wheel.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from app.config import Settings
+from app.console import exhaustion_pages, pages, update_pages
 from app.console.forms import SecurityHeaders
-from app.console.pages import router
 from app.console.session import Sessions
 from app.http.keys import Keys
 
@@ -36,7 +38,9 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.console_templates = templates
     app.state.console_sessions = Sessions(settings)
     app.state.console_keys = Keys(settings.api_keys)
-    app.include_router(router)
+    app.include_router(pages.router)
+    app.include_router(update_pages.router)
+    app.include_router(exhaustion_pages.router)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="console-static")
     # Every answer under PREFIX, the pages' and the static files' and the router's 404s alike.
     app.add_middleware(SecurityHeaders, prefix=PREFIX)

@@ -1,11 +1,13 @@
 """The console's plumbing: the security headers of every answer under its path
 (`SecurityHeaders`), its route class (a POST from another site refused, refusals and failures
-answered as error pages), reading a form (bounded, URL-encoded only), the signed-in session
-every page needs, and answers that are pages (an error page, a redirect after an action)."""
+answered as error pages), reading a form (bounded, URL-encoded only, its time fields), the
+signed-in session every page needs and the bots its key may see, and answers that are pages
+(a page, an error page, a redirect after an action)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -15,10 +17,13 @@ from fastapi.routing import APIRoute
 from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.deps import Services
 from app.console.session import Session, Sessions
 from app.http.failures import Failure, failure_of
 from app.http.sources import Network, came_over_https, client_address
+from app.store import validate
 
+ROWS_PER_PAGE = 50  # a page of search results or of the audit log
 MAX_FORM_BYTES = 16 << 10  # the largest console form: a filter and a token
 FORM_TYPE = "application/x-www-form-urlencoded"
 # No inline script or style anywhere: the page's own files only; never inside a frame.
@@ -160,6 +165,24 @@ def sessions(request: Request) -> Sessions:
     return found
 
 
+def app_services(request: Request) -> Services:
+    """The app's services: its settings, its store, its clock."""
+    found: Services = request.app.state.services
+    return found
+
+
+def visible_bots(request: Request, session: Session) -> list[str]:
+    """The configured bots this session's key may see."""
+    return [bot.name for bot in app_services(request).settings.bots if session.allows(bot.name)]
+
+
+def visible_bot(request: Request, session: Session, name: str) -> str:
+    """`name`, if the session's key may see that bot; 404 otherwise."""
+    if name not in visible_bots(request, session):
+        raise HTTPException(404, f"no bot {name!r} is configured for this key")
+    return name
+
+
 async def signed_in(request: Request, *, seen: bool = True) -> Session:
     """The request's session (`seen`: a person's request, which keeps it from going idle);
     SignInNeeded without one. Kept on the request for its error page, which shows who is
@@ -189,6 +212,22 @@ async def read_form(request: Request) -> dict[str, str]:
     return {name: values[0] for name, values in fields.items()}
 
 
+def time_field(value: str, name: str) -> int | None:
+    """A time field: empty, epoch ms, or an ISO 8601 date and time (UTC unless it says)."""
+    value = value.strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return validate.millis(name, int(value))
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise HTTPException(400, f"{name}: {value!r} is not a time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
 async def acting(request: Request) -> tuple[Session, dict[str, str]]:
     """A POSTed action's session and form: its CSRF token must be this session's (403), and
     its key must hold the operator scope (403)."""
@@ -199,6 +238,17 @@ async def acting(request: Request) -> tuple[Session, dict[str, str]]:
     if not session.may_act:
         raise HTTPException(403, "this key may view, not act (it lacks the operator scope)")
     return session, form
+
+
+def render_page(
+    request: Request, template: str, session: Session | None, **context: Any
+) -> Response:
+    """A page: `template` with `context` and the signed-in `session` (None: nobody)."""
+    templates = request.app.state.console_templates
+    response: Response = templates.TemplateResponse(
+        request, template, {"session": session, **context}
+    )
+    return response
 
 
 def error_page(

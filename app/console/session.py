@@ -31,7 +31,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.api.deps import Services
-from app.config import ApiKey, Settings
+from app.api_keys import ApiKey
+from app.config import Settings
 from app.http.sources import came_over_https
 
 COOKIE = "intake_console"

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import httpx
 
-from app.config import BotSettings
+from app.bot_settings import BotSettings
 from app.dispatch.breaker import Breaker
 from app.dispatch.forward import Downstream
-from app.metrics import AttemptMeters, AttemptOutcome
+from app.metric_labels import AttemptOutcome
+from app.metrics import AttemptMeters
 from app.store import Claimed, ClaimIdentity
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import httpx
 
-from app.config import BotSettings, Settings
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.dispatch.attempt import Lane
 from app.dispatch.claims import ClaimLoop
 from app.dispatch.clock import Alarm, DatabaseClock

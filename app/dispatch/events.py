@@ -1,4 +1,5 @@
-"""Operational events to `operations_url` (SPEC section 9; docs/operations.md lists them).
+"""Operational events to `operations_url` (docs/contract.md section 9; docs/operations.md lists
+them).
 
 The store writes each event in the transaction that makes it (the outbox, `_events`). Here the
 workers deliver them: each sweep takes the due events under a lease in the database
@@ -23,7 +24,8 @@ import httpx
 from standardwebhooks import Webhook
 
 from app import bot_api
-from app.config import BotSettings, Settings
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.dispatch.clock import DatabaseClock
 from app.dispatch.forward import post, sign
 from app.dispatch.maintenance import pause_for, repeat_forever

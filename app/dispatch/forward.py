@@ -1,4 +1,4 @@
-"""Forwarding one attempt to the bot's own handler (SPEC section 6).
+"""Forwarding one attempt to the bot's own handler (docs/contract.md section 6).
 
 The body is the stored raw update, byte for byte. Headers carry the attempt's full identity
 (`X-Intake-*`) and when the update was recorded (`X-Intake-Received-At`: with the attempt,
@@ -9,9 +9,9 @@ accepts the request), and a Standard Webhooks signature when the bot has a `sign
 recording time. A `plain` bot forwards the bare update: no identity, as a table at revision
 0001 has none.
 
-`forward_timeout_seconds` bounds a whole attempt (SPEC section 16): waiting for a connection,
-connecting, sending, waiting and reading the answer, however slowly the downstream trickles
-it; the transport's own timeouts bound each step only.
+`forward_timeout_seconds` bounds a whole attempt (docs/contract.md section 16): waiting for a
+connection, connecting, sending, waiting and reading the answer, however slowly the downstream
+trickles it; the transport's own timeouts bound each step only.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 import httpx
 from standardwebhooks import Webhook
 
-from app.config import BotSettings
+from app.bot_settings import BotSettings
 from app.dispatch.transport import AiohttpTransport
 from app.policy import Outcome, classify, classify_error
 from app.store import ClaimIdentity

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 
 from app.dispatch.attempt import Attempt
 from app.logs import AttemptLog
-from app.metrics import LostReason
+from app.metric_labels import LostReason
 from app.store import OperatorStore, StoreError
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from app.dispatch.clock import Alarm, DatabaseClock
 from app.dispatch.maintenance import ExhaustionDelivery
 from app.dispatch.settler import Settler
 from app.logs import AttemptLog
-from app.metrics import AttemptOutcome, LostReason
+from app.metric_labels import AttemptOutcome, LostReason
 from app.policy import Outcome, retry_delay_ms
 from app.store import (
     Abandoned,

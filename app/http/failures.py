@@ -1,8 +1,8 @@
 """Failures: what a client reads in fixed words, what the log keeps in full, under one request id.
 
 When the store fails or something unexpected happens, the client's answer names no host, port,
-user, table or driver message (SPEC section 16): it gets a fixed sentence for the kind of
-failure and a request id, in the body (`request_id`) and in the `X-Request-Id` header. The log
+user, table or driver message (docs/contract.md section 16): it gets a fixed sentence for the kind
+of failure and a request id, in the body (`request_id`) and in the `X-Request-Id` header. The log
 line carries the same id (the field `request_id` in JSON logs, and in the message) and the
 whole detail: the store's message, and for anything unexpected its traceback.
 

@@ -35,10 +35,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.config import ApiKey, Settings
+from app.api_keys import ApiKey
+from app.config import Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED, NO_KEYS, Keys
 from app.http.throttle import AuthThrottle
-from app.metrics import Refusal
+from app.metric_labels import Refusal
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable
 
-from app.config import ApiKey
+from app.api_keys import ApiKey
 
 __all__ = ["API_KEY_SCOPE", "KEY_REQUIRED", "NO_KEYS", "Keys"]
 

@@ -20,17 +20,16 @@ So thousands of idle or trickling connections cost a bounded number of file desc
 bytes, and a real request (Telegram sends its head at once) is still answered. Every close is
 counted in `telegram_intake_connections_closed_total{reason}` and, but for keep-alive (the
 normal end of a connection), logged at most once a minute per reason, with the count. uvicorn's
-own closes (a request it cannot parse: 400) are not counted here.
+own closes (a request it cannot parse: 400) are not counted here. The limits themselves, from
+the settings, are `app.http.connection_limits`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, get_args
 
 import httptools
@@ -40,75 +39,12 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from app.config import Settings
-from app.metrics import CloseReason
+from app.http.connection_limits import ConnectionLimits
+from app.metric_labels import CloseReason
 
-__all__ = ["CloseReason", "ConnectionLimits", "GuardedProtocol", "server_config"]
+__all__ = ["GuardedProtocol", "server_config"]
 
 log = logging.getLogger(__name__)
-
-# File descriptors kept for what is not a client connection: the database pool, the
-# forwarding client's connections, log files, the listening sockets.
-RESERVED_DESCRIPTORS = 512
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """What one server allows each client connection (the module's table). The defaults are
-    the settings' own: `ConnectionLimits.of(Settings())`, or `defaults()`."""
-
-    header_timeout_seconds: float
-    body_timeout_seconds: float
-    keep_alive_seconds: int
-    max_header_bytes: int
-    max_headers: int
-    connection_limit: int
-    # Told of every connection the limits close (the metrics' counter).
-    on_close: Callable[[CloseReason], None] | None = None
-
-    @classmethod
-    def defaults(cls) -> ConnectionLimits:
-        """The limits of a service configured with nothing but defaults."""
-        return cls.of(Settings.model_construct())
-
-    @classmethod
-    def of(
-        cls, settings: Settings, on_close: Callable[[CloseReason], None] | None = None
-    ) -> ConnectionLimits:
-        """The limits `settings` names."""
-        return cls(
-            header_timeout_seconds=settings.header_timeout_seconds,
-            body_timeout_seconds=settings.body_timeout_seconds,
-            keep_alive_seconds=settings.keep_alive_seconds,
-            max_header_bytes=settings.max_header_bytes,
-            max_headers=settings.max_headers,
-            connection_limit=settings.connection_limit,
-            on_close=on_close,
-        )
-
-    def usable_connection_limit(self) -> int:
-        """`connection_limit`, within what the process may open: the soft limit on open files
-        is raised toward the hard one as far as needed, and the limit lowered below what
-        remains (uvicorn would otherwise stop accepting, for everyone, when files run out)."""
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        wanted = self.connection_limit + RESERVED_DESCRIPTORS
-        if soft != resource.RLIM_INFINITY and soft < wanted:
-            raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-                soft = raised
-            except (ValueError, OSError):
-                pass
-        if soft == resource.RLIM_INFINITY or soft >= wanted:
-            return self.connection_limit
-        usable = max(soft - RESERVED_DESCRIPTORS, 16)
-        log.warning(
-            "connection_limit %d lowered to %d: the process may open %d files",
-            self.connection_limit,
-            usable,
-            soft,
-        )
-        return usable
 
 
 class _HeadTooLarge(Exception):

@@ -1,5 +1,6 @@
-"""Failed authentications, slowed per source address (SPEC section 16): a wrong bearer key (the
-request guard, `app.http.guard`) or a wrong key at the console's sign-in (`app.console.pages`).
+"""Failed authentications, slowed per source address (docs/contract.md section 16): a wrong bearer
+key (the request guard, `app.http.guard`) or a wrong key at the console's sign-in
+(`app.console.pages`).
 
 Each source has a bucket of `auth_failures_burst` failures that refills by one every
 `auth_failure_seconds`. A failure takes one; a source whose bucket is empty is throttled: its

@@ -1,4 +1,4 @@
-"""Long polling (SPEC section 11): getUpdates as a source, recording before it confirms.
+"""Long polling (docs/contract.md section 11): getUpdates as a source, recording before it confirms.
 
 For each bot with `source = "polling"`, one process of the cluster polls: it holds the bot's
 poller lease in the database (`take_poller`), renewed every LEASE_SECONDS / 3 while a long
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from app import bot_api
-from app.config import BotSettings, Settings
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.intake.updates import classify
 from app.metrics import Metrics
 from app.store import NewUpdate, OperatorStore, StoreError, validate

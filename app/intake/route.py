@@ -35,7 +35,8 @@ from app.http.sources import client_address, source_allowed
 from app.http.strict_json import NotJson, read_json
 from app.intake.committer import CommitFailed, GroupCommitter
 from app.intake.updates import classify
-from app.metrics import UNKNOWN_BOT, IntakeMeters, IntakeResult, Metrics
+from app.metric_labels import UNKNOWN_BOT, IntakeResult
+from app.metrics import IntakeMeters, Metrics
 from app.store import NewUpdate
 from app.store.validate import MAX_BIGINT
 

@@ -183,8 +183,8 @@ class UpdateStore(Protocol):
 
 @runtime_checkable
 class FencedUpdateStore(UpdateStore, Protocol):
-    """Fenced level (revision 0003, which the durable level needs too): each claim persists a
-    fresh `claim_id`."""
+    """Fenced level: each claim persists a fresh `claim_id`. A live schema serves it only at
+    the head revision, where it serves the durable level too (docs/design.md decision 1)."""
 
     async def claim_owned(
         self,
@@ -330,8 +330,8 @@ class DurableUpdateStore(FencedUpdateStore, Protocol):
 
 @runtime_checkable
 class OperatorStore(DurableUpdateStore, Protocol):
-    """Operator control (SPEC section 9), part of the durable level from revision 0004: what
-    an operator sees and does, persisted so that every process on every host honours it. Every
+    """Operator control (docs/contract.md section 9), part of the durable level from revision 0004:
+    what an operator sees and does, persisted so that every process on every host honours it. Every
     action takes `by`, the name it is recorded under in the audit log (an API key's name, never
     the key), and writes that record in the transaction that acts."""
 
@@ -433,7 +433,8 @@ class OperatorStore(DurableUpdateStore, Protocol):
         in name order). Delivered counts what is still retained."""
         ...
 
-    # -- operational events (SPEC section 9): written by the transactions that make them ----
+    # -- operational events (docs/contract.md section 9): written by the transactions that make
+    # them ----
 
     records_events: bool
     """Whether this store writes operational events (opened with `events=True`: the
@@ -476,7 +477,8 @@ class OperatorStore(DurableUpdateStore, Protocol):
         newer than the one kept writes telegram.webhook_error (True)."""
         ...
 
-    # -- long polling (SPEC section 11) -----------------------------------------------------
+    # -- long polling (docs/contract.md section 11)
+    # -----------------------------------------------------
 
     async def take_poller(self, bot: str, *, holder: str, now: int, lease_until: int) -> int | None:
         """Take or renew the lease of `bot`'s one getUpdates poller across every process until

@@ -1,5 +1,5 @@
-"""Every statement of operator control (SPEC section 9, revision 0004), one builder per store
-method, named after it: bot controls and the rate limiter's bucket (`_bots`), bulk redrive and
+"""Every statement of operator control (docs/contract.md section 9, revision 0004), one builder per
+store method, named after it: bot controls and the rate limiter's bucket (`_bots`), bulk redrive and
 acknowledgement of exhaustions, park, search, attempt history reads and the audit log.
 
 Like `app.store.queries`, each transition is one conditional statement whose WHERE clause is

@@ -1,4 +1,4 @@
-"""Every statement of the operational events (SPEC section 9, revision 0004): the outbox
+"""Every statement of the operational events (docs/contract.md section 9, revision 0004): the outbox
 `_events` and the watches' state in `_bots`.
 
 An event is written by the transaction that makes what it tells of (a pause, a new

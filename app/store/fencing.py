@@ -1,4 +1,4 @@
-"""Same-database fencing for a downstream that uses SQLAlchemy (ADR 0256 decision 3).
+"""Same-database fencing for a downstream that uses SQLAlchemy (docs/design.md decision 3).
 
 `owns` is the write authority: check it inside the transaction of the domain write, on the
 caller's own connection, so no reclaim can pass between the check and the commit.

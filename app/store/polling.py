@@ -1,5 +1,5 @@
-"""Every statement of long polling (SPEC section 11, revision 0004's `_bots` columns): the one
-poller of a bot across every process, under a lease in its row, and the offset that confirms
+"""Every statement of long polling (docs/contract.md section 11, revision 0004's `_bots` columns):
+the one poller of a bot across every process, under a lease in its row, and the offset that confirms
 to Telegram what it recorded.
 
 The offset advances in the transaction that records the batch, and only while the lease is

@@ -1,12 +1,12 @@
 """The table, as SQLAlchemy Core metadata: the one source of truth that Alembic compares against.
 
-Revision 0001 is the base shape; revision 0002 (ADR 0256) adds `claim_id`, `exhausted_at`,
-`acknowledged_at`, the exhaustion index and the due-order index that batch claims walk;
-revision 0003 adds `uncounted` (attempts that spend no budget: hand-backs), and
+Revision 0001 is the base shape; revision 0002 (the fenced claim, docs/design.md) adds `claim_id`,
+`exhausted_at`, `acknowledged_at`, the exhaustion index and the due-order index that batch claims
+walk; revision 0003 adds `uncounted` (attempts that spend no budget: hand-backs), and
 `delivery_due_at` and `deliveries` (an open exhaustion's next delivery to `exhaustion_url`
 and the failed ones so far, shared by every process) with their index; revision 0004 (operator
-control, SPEC section 9) adds four tables beside it, each named after it: `_attempts` (every
-attempt's history), `_bots` (pause, the rate limit and its shared token bucket, what the
+control, docs/contract.md section 9) adds four tables beside it, each named after it: `_attempts`
+(every attempt's history), `_bots` (pause, the rate limit and its shared token bucket, what the
 workers report of their breaker, the state of the backlog and webhook watches), `_audit`
 (every operator action) and `_events` (the outbox of operational events), and the indexes
 that operators' searches walk; revision 0005 (who may see what) adds `_audit_bots` (the bots each
@@ -249,8 +249,9 @@ def _add_operator_tables(metadata: MetaData, table: str) -> None:
         Column("webhook_error_message", Text, nullable=True),
         Column("webhook_pending", BigInteger, nullable=True),
         Column("webhook_checked_at", BigInteger, nullable=True),
-        # Long polling (SPEC section 11): the one process polling getUpdates for the bot, its
-        # lease, and the offset that confirms what it recorded (the next getUpdates asks it).
+        # Long polling (docs/contract.md section 11): the one process polling getUpdates for the
+        # bot, its lease, and the offset that confirms what it recorded (the next getUpdates asks
+        # it).
         Column("poller", Text, nullable=True),
         Column("poller_until", BigInteger, nullable=True),
         Column("poll_offset", BigInteger, nullable=True),

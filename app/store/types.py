@@ -326,7 +326,7 @@ class ActivitySlot:
     delivered: int
 
 
-# The operational events (SPEC section 9), as `operations_url` receives them.
+# The operational events (docs/contract.md section 9), as `operations_url` receives them.
 EventType = Literal[
     "exhaustion.created",
     "breaker.opened",

@@ -18,7 +18,9 @@ import pytest
 from fastapi import APIRouter, FastAPI
 from pydantic import SecretStr
 
-from app.config import ApiKey, BotSettings, Settings
+from app.api_keys import ApiKey
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.main import create_app
 from app.store import ClaimIdentity, SqlUpdateStore, StoredUpdate, open_store
 from tests.conftest import Storage, serve_asgi

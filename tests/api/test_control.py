@@ -1,7 +1,7 @@
-"""Operator control over HTTP (SPEC section 9) on each backend: the bots (pause, resume, rate
-limit), search with its cursor, attempt history, park, redrive and acknowledgement in bulk, the
-audit log; and the scopes: a viewer reads everything and acts on nothing, an operator acts, and
-every action is recorded under the key's name, never the key.
+"""Operator control over HTTP (docs/contract.md section 9) on each backend: the bots (pause,
+resume, rate limit), search with its cursor, attempt history, park, redrive and acknowledgement in
+bulk, the audit log; and the scopes: a viewer reads everything and acts on nothing, an operator
+acts, and every action is recorded under the key's name, never the key.
 
 Rows are set up and read back through the test's own store; checks that end before the store
 is asked (a query's shape) run on SQLite alone. Starting a server costs more than the checks

@@ -1,5 +1,5 @@
-"""`/readyz` (SPEC section 16, issue 29): without a key it says only ready or not; with a key
-holding the viewer scope it says why, and what the schema serves. Keys and answers do not
+"""`/readyz` (docs/contract.md section 16, issue 29): without a key it says only ready or not; with
+a key holding the viewer scope it says why, and what the schema serves. Keys and answers do not
 depend on the database: SQLite, its store swapped on the running server for one that is not
 ready."""
 

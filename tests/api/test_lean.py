@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from app.api import claims, lean
 from app.api.deps import Callback, StrictJsonRoute
 from app.api.lean import LeanRoute
-from app.config import ApiKey
+from app.api_keys import ApiKey
 from app.http.guard import RequestGuard
 from app.http.keys import Keys
 from telegram_intake_kit.wire import Identity, Owned, Renewed

@@ -309,7 +309,7 @@ V1_ROUTES = {
     ("get", "/v1/exhaustions"): None,
     ("get", "/v1/updates/{bot}/{update_id}"): None,
     ("get", "/v1/stats"): None,
-    # operator control (SPEC section 9)
+    # operator control (docs/contract.md section 9)
     ("get", "/v1/bots"): None,
     ("post", "/v1/bots/{bot}/pause"): "PauseRequest",
     ("post", "/v1/bots/{bot}/resume"): None,

@@ -1,4 +1,4 @@
-"""ADR 0256 decision 3 end to end: a downstream that pauses past its lease finds, when it
+"""docs/design.md decision 3 end to end: a downstream that pauses past its lease finds, when it
 wakes, that a rival worker has reclaimed its update; `owns` says so, and its domain write is
 refused. The first worker is a real `telegram-intake worker` process, frozen with SIGSTOP
 (as a long GC pause or a stalled VM freezes one): it stops renewing, its lease lapses, and
@@ -19,7 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from app.config import ApiKey, BotSettings, Settings
+from app.api_keys import ApiKey
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.main import create_app
 from app.store import open_store
 from telegram_intake_kit import IntakeClient, read_forwarded

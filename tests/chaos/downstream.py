@@ -9,7 +9,7 @@ behave alike:
 - 10% answer 500, which retries it;
 - 5% hang past the worker's forward timeout, then try their write anyway, as a slow handler
   whose client gave up would: the attempt is stale by then and its owns check must refuse it;
-- the rest write the effect in one transaction with `telegram_intake_owns` (ADR 0256 decision
+- the rest write the effect in one transaction with `telegram_intake_owns` (docs/design.md decision
   3): written only while the attempt owns the update, once per update; 200 when it owns the
   update (written now or before), 409 when it does not, 503 when the database is away.
 

@@ -1,6 +1,6 @@
-"""Operator control from the command line (SPEC section 9): bots, pause, resume, rate-limit,
-updates, attempts, park, audit and `exhaustions redrive|ack`, as an operator runs them: real
-processes over a database seeded through the store, on each backend, with two bots configured
+"""Operator control from the command line (docs/contract.md section 9): bots, pause, resume,
+rate-limit, updates, attempts, park, audit and `exhaustions redrive|ack`, as an operator runs them:
+real processes over a database seeded through the store, on each backend, with two bots configured
 in ./intake.toml (each test's working directory). Every action is recorded under the CLI's
 `cli:USER@HOST`."""
 

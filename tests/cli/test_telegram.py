@@ -109,8 +109,8 @@ def test_describe_webhook_counts_the_time_since_the_last_error() -> None:
     assert "1970-01-01 00:16:40 UTC (3 hours ago): boom" in text
 
 
-# set-webhook's checks (the rules of Telegram's Bot API server, app/cli/telegram.py). The fake
-# on http://127.0.0.1 is a local Bot API server by the rule (any bot_api_url but
+# set-webhook's checks (the rules of Telegram's Bot API server, app/cli/webhook_checks.py). The
+# fake on http://127.0.0.1 is a local Bot API server by the rule (any bot_api_url but
 # api.telegram.org); the official server's rules are tested with bot_api_url
 # https://api.telegram.org and every proxy variable pointing at `Trap`, a socket that accepts
 # nothing: a refusal must come before any request, and the trap shows that none was tried.

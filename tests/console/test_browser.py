@@ -1,6 +1,6 @@
-"""The console in a real browser (SPEC section 10): Debian's Chromium driven by Playwright, by role
-and label as a person would, against a real `run` process on SQLite and real `serve` and
-`worker` processes on PostgreSQL, a real downstream receiving what they deliver.
+"""The console in a real browser (docs/contract.md section 10): Debian's Chromium driven by
+Playwright, by role and label as a person would, against a real `run` process on SQLite and real
+`serve` and `worker` processes on PostgreSQL, a real downstream receiving what they deliver.
 
 - sign in with a key typed into the form (the keyboard only), and watch the overview's counts
   move as updates arrive (its live part refreshes by itself);

@@ -1,5 +1,5 @@
-"""A POST to the console from another site is refused before anything is done (SPEC section
-16: "a browser's cross-site POST cannot sign anyone in"): `Sec-Fetch-Site` cross-site or
+"""A POST to the console from another site is refused before anything is done (docs/contract.md
+section 16: "a browser's cross-site POST cannot sign anyone in"): `Sec-Fetch-Site` cross-site or
 same-site, or an `Origin` other than the console's own, is 403 with no cookie and no change.
 A request with neither header (curl, an old browser) passes, guarded by the SameSite=Strict
 cookie and the CSRF token."""

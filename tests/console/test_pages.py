@@ -1,7 +1,7 @@
-"""The console over HTTP, without a browser (SPEC section 10): sign-in and its cookie, CSRF, a
-viewer who sees and cannot act, the security headers, every page with rows in it, each action
-through its form (recorded in the audit log under the key's name), and bad input answered with
-a clear error and nothing changed. tests/console/test_browser.py drives the same pages in
+"""The console over HTTP, without a browser (docs/contract.md section 10): sign-in and its cookie,
+CSRF, a viewer who sees and cannot act, the security headers, every page with rows in it, each
+action through its form (recorded in the audit log under the key's name), and bad input answered
+with a clear error and nothing changed. tests/console/test_browser.py drives the same pages in
 Chromium."""
 
 from __future__ import annotations

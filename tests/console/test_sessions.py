@@ -14,7 +14,7 @@ from itsdangerous import URLSafeTimedSerializer
 from pydantic import SecretStr
 from sqlalchemy import text
 
-from app.config import ApiKey
+from app.api_keys import ApiKey
 from app.console.session import COOKIE
 from app.store import DEFAULT_TABLE
 from tests.api.conftest import Api, serving

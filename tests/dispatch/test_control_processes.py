@@ -1,5 +1,5 @@
-"""Operator control (SPEC section 9) as an operator meets it: real `telegram-intake worker`
-and `serve` processes on one PostgreSQL database (and a `run` process on SQLite), a real
+"""Operator control (docs/contract.md section 9) as an operator meets it: real `telegram-intake
+worker` and `serve` processes on one PostgreSQL database (and a `run` process on SQLite), a real
 downstream recording every arrival with its time and X-Intake-Attempt, and the database's own
 record of each attempt (`telegram_updates_attempts.started_at`) as the witness of when an
 attempt started.

@@ -19,7 +19,7 @@ from standardwebhooks import Webhook
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.config import ApiKey
+from app.api_keys import ApiKey
 from app.dispatch import Dispatcher
 from app.dispatch.dispatcher import STOP_BOUND_SECONDS
 from app.main import create_app

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from app.config import BotSettings
+from app.bot_settings import BotSettings
 from app.dispatch.forward import Downstream, open_transport
 from app.dispatch.maintenance import exhaustion_payload
 from app.store import ClaimIdentity, Exhaustion
@@ -193,7 +193,7 @@ async def trickling(where: Literal["head", "body"]) -> AsyncIterator[str]:
 async def test_a_trickling_answer_ends_the_attempt_at_its_deadline(
     where: Literal["head", "body"], delivery: str
 ) -> None:
-    # forward_timeout_seconds bounds the whole attempt (SPEC section 16), not each read.
+    # forward_timeout_seconds bounds the whole attempt (docs/contract.md section 16), not each read.
     async with trickling(where) as url:
         bot = BotSettings(
             name="shop",

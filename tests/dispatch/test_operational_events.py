@@ -1,4 +1,4 @@
-"""Operational events (SPEC section 9) as an operator's alerting receives them: a real
+"""Operational events (docs/contract.md section 9) as an operator's alerting receives them: a real
 `telegram-intake run` process on each backend, its `operations_url` a fake receiver that checks
 every Standard Webhooks signature and refuses the first deliveries, and a fake Bot API whose
 getWebhookInfo reports an error.

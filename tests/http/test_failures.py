@@ -1,6 +1,6 @@
 """Failures reach a client in fixed words with a request id, and the log with their detail under
-the same id (SPEC section 16, `app.http.failures`): the `/v1` API (its lean routes and the
-others), the console and the webhook, on a real server whose database went away, whose table
+the same id (docs/contract.md section 16, `app.http.failures`): the `/v1` API (its lean routes and
+the others), the console and the webhook, on a real server whose database went away, whose table
 is gone, or whose code raised what nothing expected. On both backends."""
 
 from __future__ import annotations

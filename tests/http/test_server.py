@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from app.http.server import ConnectionLimits
+from app.http.connection_limits import ConnectionLimits
 from tests.conftest import serve_asgi
 from tests.http.raw import closed, connect, head, is_open, read_answer, read_answers
 
@@ -211,7 +211,7 @@ def test_the_connection_limit_fits_the_files_the_process_may_open() -> None:
     # In a child: it lowers its own limits, which cannot be raised again.
     script = (
         "import dataclasses, resource\n"
-        "from app.http.server import ConnectionLimits\n"
+        "from app.http.connection_limits import ConnectionLimits\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
         "limits = dataclasses.replace(ConnectionLimits.defaults(), connection_limit=1000)\n"

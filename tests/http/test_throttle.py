@@ -1,4 +1,4 @@
-"""Failed authentications slowed per source address (issue 29, SPEC section 16;
+"""Failed authentications slowed per source address (issue 29, docs/contract.md section 16;
 `app.http.throttle`): the limiter alone on a made-up clock, then the request guard's bearer
 keys and the console's sign-in on a real uvicorn server, a second source being a second
 loopback address (127.0.0.2) or an address a trusted proxy forwards. Nothing here depends on

@@ -11,7 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
-from app.config import BotSettings, Settings
+from app.bot_settings import BotSettings
+from app.config import Settings
 from app.main import create_app
 from tests.conftest import Storage, serve_asgi
 

@@ -10,7 +10,7 @@ import psycopg
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
-from app.config import ApiKey
+from app.api_keys import ApiKey
 from tests.api.conftest import KEY
 from tests.conftest import Storage, table_locked, table_rows
 from tests.intake.conftest import commit_waits_within, intake_on, post

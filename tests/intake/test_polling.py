@@ -1,5 +1,5 @@
-"""Long polling (SPEC section 11) against a fake Bot API (app/fake_bot_api.py), with real
-processes: getUpdates to the downstream on both backends, each batch recorded before the next
+"""Long polling (docs/contract.md section 11) against a fake Bot API (app/fake_bot_api.py), with
+real processes: getUpdates to the downstream on both backends, each batch recorded before the next
 offset confirms it; Telegram's 409, 429, 5xx and 401 as the poller meets them; the switch
 from a webhook to polling by `delete-webhook`; and two worker processes configured to poll one
 bot, one poller at a time, no 409 storm."""

@@ -33,7 +33,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from app.config import BotSettings
+from app.bot_settings import BotSettings
 from app.dispatch.forward import Downstream
 from app.store import ClaimIdentity, Completed
 from telegram_intake_kit import FenceToken, Forwarded, Identity, IntakeClient, read_forwarded

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.config import BotSettings
+from app.bot_settings import BotSettings
 from app.dispatch.forward import Downstream, open_transport
 from app.dispatch.maintenance import exhaustion_payload
 from app.store import ClaimIdentity, Exhaustion

@@ -1,6 +1,6 @@
 """A model-based test of the durable store: hypothesis drives random sequences of transitions
-against the real store (SQLite and PostgreSQL) and a small pure-Python model of SPEC sections 2
-and 4, and compares every answer and every row after every step.
+against the real store (SQLite and PostgreSQL) and a small pure-Python model of docs/contract.md
+sections 2 and 4, and compares every answer and every row after every step.
 
 The rules: add (one update, or several of one chat); claim and claim_owned; claim_next_owned
 (per-chat order or none, a bot filter, a limit, spent attempts); renew and renew_owned; owns;

@@ -1,5 +1,5 @@
-"""The base level (SPEC section 4): record, claim by key, renew, settle, list due, prune; and
-the operators' views of what is recorded."""
+"""The base level (docs/contract.md section 4): record, claim by key, renew, settle, list due,
+prune; and the operators' views of what is recorded."""
 
 from __future__ import annotations
 
@@ -210,7 +210,8 @@ class BaseMethods(SqlCore):
             vacuumed = vacuumed or (after is not None and (age is None or after < age))
         return vacuumed
 
-    # -- operators' views (beyond SPEC section 4; base level) --------------------------------
+    # -- operators' views (beyond docs/contract.md section 4; base level)
+    # --------------------------------
 
     async def get_update(self, bot: str, update_id: int) -> StoredUpdate | None:
         """The row of `(bot, update_id)` as it stands, or None."""

@@ -1,6 +1,6 @@
-"""Operational events (revision 0004, SPEC section 9): the outbox's delivery under a lease, the
-backlog watch and the getWebhookInfo watch. The events themselves are written by the methods
-whose transactions make them (`SqlCore._emit`, and the claims' own statements)."""
+"""Operational events (revision 0004, docs/contract.md section 9): the outbox's delivery under a
+lease, the backlog watch and the getWebhookInfo watch. The events themselves are written by the
+methods whose transactions make them (`SqlCore._emit`, and the claims' own statements)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Long polling (revision 0004, SPEC section 11): the poller's lease, and recording a polled batch
-with the offset that confirms it, in one transaction under that lease."""
+"""Long polling (revision 0004, docs/contract.md section 11): the poller's lease, and recording a
+polled batch with the offset that confirms it, in one transaction under that lease."""
 
 from __future__ import annotations
 

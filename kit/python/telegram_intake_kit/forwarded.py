@@ -1,4 +1,4 @@
-"""Reading a request the service forwarded downstream (SPEC section 6): verify it, then
+"""Reading a request the service forwarded downstream (docs/contract.md section 6): verify it, then
 take the update and the attempt's identity from it.
 
 Verification is the downstream secret (`X-Telegram-Bot-Api-Secret-Token`, what an unmodified

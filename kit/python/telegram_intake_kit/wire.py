@@ -1,4 +1,5 @@
-"""The callback API's messages (SPEC section 5), shared by the service and the downstream kit.
+"""The callback API's messages (docs/contract.md section 5), shared by the service and the
+downstream kit.
 
 One definition of each request and answer: the service validates with these models and its
 OpenAPI document is generated from them; the kit's client sends and parses the same models.
