@@ -29,9 +29,9 @@ from sqlalchemy.engine import make_url
 
 from app.http.connection_limits import ConnectionLimits
 from app.http.server import server_config
+from app.store.backends.sqlite_engine import SQLITE_BEGIN
 from app.store.engine import create_sync_engine
 from app.store.migrate import upgrade
-from app.store.sqlite import SQLITE_BEGIN
 from tests.pgbouncer import BouncedStorage, PgBouncer, running_pgbouncer
 from tests.postgres_server import listening, running_cluster, wheel_binaries
 from tests.processes import under_ci

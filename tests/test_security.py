@@ -26,8 +26,9 @@ SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|LISTEN|NOT
                  r"PRAGMA|GRANT|COMMENT|WITH|SET|LOCK|TRUNCATE|ANALYZE|VACUUM)\b")  # fmt: skip
 # Every place that formats SQL text, and why what it interpolates cannot be input.
 REVIEWED = {
-    ("app/store/sqlite.py", "set_up"): "a constant (the busy timeout)",
-    ("app/store/sqlite.py", "_on_begin"): "a begin mode checked against two literals first",
+    ("app/store/backends/sqlite_engine.py", "set_up"): "a constant (the busy timeout)",
+    ("app/store/backends/sqlite_engine.py", "_on_begin"): "a begin mode checked against two "
+    "literals first",
     ("alembic/versions/0002_claim_fence.py", "upgrade"): "the table name, which "
     "make_metadata validated (validate.table_name) in alembic/env.py before any revision ran",
     ("alembic/versions/0002_claim_fence.py", "downgrade"): "the same validated table name",
@@ -37,10 +38,10 @@ REVIEWED = {
     "SQL that SQLAlchemy compiled from app.queues' constants",
     ("app/store/rekey.py", "trigger_ddl"): "the same validated table name and compiled SQL",
     ("app/store/rekey.py", "drop_trigger_ddl"): "the same validated table name",
-    ("app/store/postgres.py", "analyze"): "the store's table name, validated when the store "
-    "was opened (validate.table_name) and quoted by the dialect's identifier preparer",
-    ("app/store/postgres.py", "vacuum"): "the store's table name, validated when the store "
-    "was opened (validate.table_name) and quoted by the dialect's identifier preparer",
+    ("app/store/backends/postgres.py", "analyze"): "the store's table name, validated when the "
+    "store was opened (validate.table_name) and quoted by the dialect's identifier preparer",
+    ("app/store/backends/postgres.py", "vacuum"): "the store's table name, validated when the "
+    "store was opened (validate.table_name) and quoted by the dialect's identifier preparer",
 }
 
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from app.batching import Batcher, Closed
-from app.store import ClaimIdentity, FencedUpdateStore, StoreUnavailable
+from app.store import ClaimIdentity, StoreUnavailable
+from app.store.claims.roles import FencedClaims
 
 MAX_BATCH = 256  # identities per statement: a few KiB of arrays, one index probe each
 Item = TypeVar("Item")
@@ -26,7 +27,7 @@ class _SharedLeases(Batcher[Item, int | None]):
     """One statement for every item waiting, each answered with a lease or None; a failed
     statement answers each caller with its error (a 503, a 409)."""
 
-    def __init__(self, store: FencedUpdateStore, now: Callable[[], int]) -> None:
+    def __init__(self, store: FencedClaims, now: Callable[[], int]) -> None:
         super().__init__(max_batch=MAX_BATCH)
         self._store = store
         self._now = now

@@ -14,7 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from app.store import OperatorStore, StoreError
+from app.store import StoreError
+from app.store.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class DatabaseClock:
 
     def __init__(
         self,
-        store: OperatorStore,
+        store: Lifecycle,
         *,
         resync_seconds: float = 30.0,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,

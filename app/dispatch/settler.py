@@ -17,7 +17,8 @@ import asyncio
 from dataclasses import dataclass
 
 from app.batching import Batcher
-from app.store import ClaimIdentity, OperatorStore, Settlement
+from app.store import ClaimIdentity, Settlement
+from app.store.settles.roles import FencedSettles
 
 Item = tuple[ClaimIdentity, Settlement]
 
@@ -29,7 +30,7 @@ class Settled:
 
 
 class Settler(Batcher[Item, Settled]):
-    def __init__(self, store: OperatorStore, *, max_batch: int = 256) -> None:
+    def __init__(self, store: FencedSettles, *, max_batch: int = 256) -> None:
         super().__init__(max_batch=max_batch)
         self._store = store
         self._alone: set[asyncio.Task[None]] = set()  # settles of rows that were locked

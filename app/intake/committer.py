@@ -24,7 +24,8 @@ import asyncio
 from collections.abc import Callable
 
 from app.batching import Batcher, Closed
-from app.store import NewUpdate, OperatorStore, StoreUnavailable
+from app.store import NewUpdate, StoreUnavailable
+from app.store.records.roles import Recorder
 
 MAX_BATCH_BYTES = 1 << 20  # body bytes one insert carries at most
 
@@ -38,7 +39,7 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
 
     def __init__(
         self,
-        store: OperatorStore,
+        store: Recorder,
         *,
         max_batch: int = 500,
         max_wait: float = 0.0,

@@ -33,7 +33,8 @@ from app.bot_settings import BotSettings
 from app.config import Settings
 from app.intake.updates import classify
 from app.metrics import Metrics
-from app.store import NewUpdate, OperatorStore, StoreError, validate
+from app.store import NewUpdate, StoreError, validate
+from app.store.polling.roles import Polling
 
 if TYPE_CHECKING:  # the dispatcher imports this module: its clock is a type here only
     from app.dispatch.clock import DatabaseClock
@@ -55,7 +56,7 @@ class Poller:
 
     def __init__(
         self,
-        store: OperatorStore,
+        store: Polling,
         clock: DatabaseClock,
         settings: Settings,
         bot: BotSettings,

@@ -1,7 +1,11 @@
 """The update store: record once, claim under a fenced lease, settle, exhaust, acknowledge.
 
-The contract is `app.store.contract`; its SQL is `app.store.queries`; the implementation over
-SQLAlchemy Core is `app.store.sqlstore`; `app.store.conformance` checks any store against it.
+The contract is `app.store.contract`, its three levels composed of the roles each family
+offers. Each family is a package holding its `roles`, `statements` (the SQL), `methods` and
+`conformance` rules: `records`, `claims`, `settles`, `exhaustions`, `control`, `views`, `events`,
+`polling`, `sessions`. `app.store.store` composes the families' methods flat over
+`app.store.core`; what differs between SQLite and PostgreSQL is `app.store.backends`;
+`app.store.conformance.check` checks any store against the contract.
 """
 
 from app.store.contract import (
@@ -12,7 +16,7 @@ from app.store.contract import (
 )
 from app.store.errors import SchemaError, StoreBusy, StoreError, StoreUnavailable
 from app.store.schema import DEFAULT_TABLE
-from app.store.sqlstore import SqlUpdateStore, open_store
+from app.store.store import SqlUpdateStore, open_store
 from app.store.types import (
     Abandoned,
     ActivitySlot,

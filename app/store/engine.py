@@ -1,6 +1,6 @@
 """Database URLs and engines for both backends, and the boundary where driver errors become
-store errors. How each backend's engine is set up is in its module (`app.store.sqlite`,
-`app.store.postgres`).
+store errors. How each backend's engine is set up is in its module
+(`app.store.backends.sqlite_engine`, `app.store.backends.postgres_engine`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from sqlalchemy import Engine, create_engine, exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from app.store import postgres, sqlite
+from app.store.backends import postgres_engine, sqlite_engine
+from app.store.backends.sqlite_engine import BUSY_TIMEOUT_MS
 from app.store.errors import UPGRADE_HINT, SchemaError, StoreBusy, StoreError, StoreUnavailable
-from app.store.sqlite import BUSY_TIMEOUT_MS
 
 
 def normalise_url(url: str | URL, *, asynchronous: bool = True) -> URL:
@@ -47,13 +47,13 @@ def create_store_engine(
     """An async engine for the store on either backend. The timeouts (0: none) apply to
     PostgreSQL; SQLite, a local file, waits only for its write lock, up to its busy timeout.
     `pgbouncer`: the PostgreSQL URL is PgBouncer in transaction pooling mode; `listen_url`:
-    a direct URL to the same database, for LISTEN only (see `app.store.postgres`)."""
+    a direct URL to the same database, for LISTEN only (see `app.store.backends.postgres`)."""
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
-        engine = create_async_engine(parsed, **sqlite.engine_options(parsed))
-        sqlite.configure(engine.sync_engine)
+        engine = create_async_engine(parsed, **sqlite_engine.engine_options(parsed))
+        sqlite_engine.configure(engine.sync_engine)
         return engine
-    return postgres.async_engine(
+    return postgres_engine.async_engine(
         parsed,
         pool_size=pool_size,
         statement_timeout_ms=statement_timeout_ms,
@@ -67,12 +67,12 @@ def create_sync_engine(url: str | URL) -> Engine:
     """A synchronous engine with the same SQLite behaviour, for Alembic."""
     parsed = normalise_url(url, asynchronous=False)
     if parsed.get_backend_name() == "sqlite":
-        engine = create_engine(parsed, **sqlite.engine_options(parsed))
-        sqlite.configure(engine)
+        engine = create_engine(parsed, **sqlite_engine.engine_options(parsed))
+        sqlite_engine.configure(engine)
         return engine
     # Migrations and one-off reads gain nothing from prepared statements, and behind PgBouncer
     # a prepared statement would outlive its transaction: none are prepared.
-    arguments = postgres.connect_args(parsed) | {"prepare_threshold": None}
+    arguments = postgres_engine.connect_args(parsed) | {"prepare_threshold": None}
     return create_engine(parsed, connect_args=arguments)
 
 

@@ -24,7 +24,8 @@ from typing import Any
 from sqlalchemy import Connection, Select, Update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.store import postgres, sqlite, validate
+from app.store import validate
+from app.store.backends import postgres_statements, sqlite_statements
 from app.store.schema import DEFAULT_TABLE, make_table, owns_function_name
 from app.store.types import ClaimIdentity
 
@@ -38,16 +39,20 @@ def _statement(dialect: str, identity: ClaimIdentity, table: str) -> Select[Any]
         validate.text("claim_id", identity.claim_id),
     )
     if dialect == "postgresql":
-        return postgres.owns_function(owns_function_name(table), identity)
+        return postgres_statements.owns_function(owns_function_name(table), identity)
     if dialect == "sqlite":
-        return sqlite.hold_owned(make_table(table), identity=identity)
+        return sqlite_statements.hold_owned(make_table(table), identity=identity)
     raise ValueError(f"fencing needs PostgreSQL or SQLite, not {dialect}")
 
 
 def _owned(row: Any, dialect: str) -> bool:
     # SQLite: the clock is read after the statement took the write lock, not before it may
     # have waited for it.
-    return postgres.function_says(row) if dialect == "postgresql" else sqlite.held(row)
+    return (
+        postgres_statements.function_says(row)
+        if dialect == "postgresql"
+        else sqlite_statements.held(row)
+    )
 
 
 async def owns_in_transaction(

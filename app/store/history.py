@@ -30,9 +30,9 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.expression import FromClause
 
+from app.store.predicates import Upsert
 from app.store.types import (
     Abandoned,
     AttemptEnd,
@@ -63,10 +63,6 @@ def excerpt(error: str | None) -> str | None:
     return None if error is None else error[:MAX_ERROR_CHARS]
 
 
-def _insert(attempts: Table, dialect: str) -> Any:
-    return postgresql.insert(attempts) if dialect == "postgresql" else sqlite.insert(attempts)
-
-
 def _replacing(insert: Any) -> Insert:
     """Over a leftover row of the same attempt number (its update was deleted by other means
     than prune, then recorded again), the new attempt replaces it: a claim never fails on one."""
@@ -85,14 +81,14 @@ def _replacing(insert: Any) -> Insert:
     return statement
 
 
-def started(attempts: Table, claimed: CTE, *, now: Any, worker: Any, dialect: str) -> Insert:
+def started(attempts: Table, claimed: CTE, *, now: Any, worker: Any, upsert: Upsert) -> Insert:
     """Insert the attempts a claim started: the rows of `claimed` (a claim's RETURNING:
     bot, update_id, attempts, claim_id, state) that it leased."""
     c = claimed.c
     source = select(c.bot, c.update_id, c.attempts, c.claim_id, now, worker).where(
         c.state == "processing"
     )
-    insert = _insert(attempts, dialect).from_select(STARTED, source)
+    insert = upsert(attempts).from_select(STARTED, source)
     return _replacing(insert)
 
 
@@ -114,9 +110,9 @@ def start_rows(rows: Sequence[Any], *, now: int, worker: str | None) -> list[dic
     ]
 
 
-def insert_started(attempts: Table, dialect: str) -> Insert:
+def insert_started(attempts: Table, upsert: Upsert) -> Insert:
     """The insert of `start_rows`, run as an executemany in the claim's transaction."""
-    return _replacing(_insert(attempts, dialect))
+    return _replacing(upsert(attempts))
 
 
 def ended(
@@ -156,7 +152,7 @@ def ended_by_settle(attempts: Table, identity: ClaimIdentity, settlement: Settle
 
 def ended_many(attempts: Table, batch: FromClause, *only: ColumnElement[bool]) -> Update:
     """End in their history the attempts of a batch of settlements (`batch`, the derived table
-    of `queries.settle_many_owned`) that `only` admits: the settled ones."""
+    of `settles.statements.settle_many_owned`) that `only` admits: the settled ones."""
     a = attempts.c
     return (
         update(attempts)

@@ -1,11 +1,12 @@
 """The rules every statement shares: states, leases, identities, and what a claim and a settle
-write. `app.store.queries` builds each method's statement from these, and the backends'
-batch statements (`app.store.postgres`) match rows by the same rules, so a rule is written
-once whichever statement applies it.
+write. Each family's `statements` (`app.store.<family>.statements`) builds its methods'
+statements from these, and the backends' own statements (`app.store.backends`) match rows by
+the same rules, so a rule is written once whichever statement applies it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import (
@@ -101,6 +102,11 @@ class qualified(ColumnElement[Any]):
 def _qualified(element: qualified, compiler: SQLCompiler, **kw: Any) -> str:
     kw.pop("include_table", None)
     return compiler.process(element.element, **kw)
+
+
+# The dialect's INSERT, which alone knows ON CONFLICT: each backend's `upsert`, so that no
+# shared statement names a dialect.
+Upsert = Callable[[Table], Any]
 
 
 # -- shared predicates -------------------------------------------------------------------------
@@ -236,6 +242,6 @@ def unacknowledged(t: Table) -> ColumnElement[bool]:
 
 def transition_returning(t: Table) -> tuple[ColumnElement[Any], ...]:
     """What a transition that may make an exhaustion returns: its identity and what
-    exhaustion.created tells of it (`app.store.events.exhaustion`)."""
+    exhaustion.created tells of it (`app.store.events.statements.exhaustion`)."""
     c = t.c
     return (c.bot, c.update_id, c.attempts, c.claim_id, c.update_type, c.queue_key)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from app.store import ClaimIdentity, Completed, Failed, WebhookInfo
-from app.store.sqlstore import control as control_store
+from app.store.views import methods as view_methods
 from tests.api.conftest import (
     CALLBACK_KEY,
     KEY,
@@ -432,7 +432,7 @@ async def test_a_body_search_pages_through_a_bounded_window_at_a_time(
 ) -> None:
     # Each page reads at most SEARCH_WINDOW rows of the other filters (1,000; 6 here): a page
     # may come back short, or empty, with `next` set, and paging still finds every match once.
-    monkeypatch.setattr(control_store, "SEARCH_WINDOW", 6)
+    monkeypatch.setattr(view_methods, "SEARCH_WINDOW", 6)
     base = now_ms() - 1_000_000
     for index in range(30):
         text = "needle" if index in (0, 1, 2, 13, 29) else "hay"

@@ -23,14 +23,7 @@ from app.api_keys import ApiKey
 from app.dispatch import Dispatcher
 from app.dispatch.dispatcher import STOP_BOUND_SECONDS
 from app.main import create_app
-from app.store import (
-    Claimed,
-    ClaimIdentity,
-    Completed,
-    SchemaError,
-    StoreUnavailable,
-    open_store,
-)
+from app.store import Claimed, ClaimIdentity, Completed, SchemaError, StoreUnavailable, open_store
 from telegram_intake_kit import IntakeClient
 from telegram_intake_kit.wire import Identity
 from tests.conftest import Storage, serve_asgi, table_locked, table_rows

@@ -145,7 +145,7 @@ async def test_behind_pgbouncer_without_a_listen_url_workers_poll_and_say_so_onc
     settings = settings_for(
         url, bot(downstream), database_pgbouncer=True, poll_interval_seconds=0.5
     )
-    with caplog.at_level(logging.WARNING, logger="app.store.postgres"):
+    with caplog.at_level(logging.WARNING, logger="app.store.backends"):
         async with dispatching(settings) as (worker, _):
             intake_store = await open_store(url, pgbouncer=True)
             try:

@@ -33,10 +33,11 @@ from app.store import (
     SqlUpdateStore,
     UpdateFilter,
     WebhookInfo,
-    chat_order,
     predicates,
-    queries,
 )
+from app.store.claims import chat_order
+from app.store.exhaustions import statements as exhaustions
+from app.store.settles import statements as settles
 
 
 class RenewIgnoresClaimId(SqlUpdateStore):
@@ -49,7 +50,7 @@ class RenewIgnoresClaimId(SqlUpdateStore):
 
 class SettleOwnedIgnoresClaimId(SqlUpdateStore):
     async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
-        statement = queries.settle(
+        statement = settles.settle(
             self.table,
             bot=identity.bot,
             update_id=identity.update_id,
@@ -148,7 +149,7 @@ class SettleManyIgnoresClaimId(SqlUpdateStore):
     ) -> list[bool]:
         results = []
         for identity, settlement in items:
-            statement = queries.settle(
+            statement = settles.settle(
                 self.table,
                 bot=identity.bot,
                 update_id=identity.update_id,
@@ -187,7 +188,9 @@ class ExhaustMakesTheRowPrunable(SqlUpdateStore):
 
     async def exhaust(self, identity: ClaimIdentity, at: int, error: str) -> bool:
         t = self.table
-        statement = queries.exhaust(t, identity=identity, at=at, error=error).values(settled_at=at)
+        statement = exhaustions.exhaust(t, identity=identity, at=at, error=error).values(
+            settled_at=at
+        )
         return await self._changed(statement)
 
 

@@ -15,7 +15,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store import NewUpdate, SqlUpdateStore, chat_order, open_store, queries
+from app.store import NewUpdate, SqlUpdateStore, open_store
+from app.store.claims import chat_order
+from app.store.claims import statements as claims
 from tests.conftest import Storage
 
 NOW = 2_000_000_000_000
@@ -72,7 +74,7 @@ async def fill(engine: AsyncEngine, backlog: int, chats: int = CHATS) -> None:
 
 def claim(store: SqlUpdateStore, window: int = chat_order.WINDOW) -> Any:
     """The statement `claim_next_owned` runs for one bot, as the workers call it."""
-    return queries.claim_next_owned(
+    return claims.claim_next_owned(
         store.table,
         now=NOW,
         lease_until=NOW + 60_000,

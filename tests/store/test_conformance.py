@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import delete
 
 from app.store import SqlUpdateStore, UpdateStore, open_store
-from app.store.conformance import check_update_store
+from app.store.conformance.check import check_update_store
 from tests.conftest import Storage
 from tests.store.broken_stores import CONTROLS
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import delete
 
 from app.store import SqlUpdateStore, StoreError, StoreUnavailable, UpdateStore, open_store
-from app.store.conformance import check_update_store
+from app.store.conformance.check import check_update_store
 from tests import pgbouncer
 from tests.pgbouncer import BouncedStorage
 
@@ -89,7 +89,7 @@ async def test_behind_pgbouncer_the_timeouts_are_the_servers_and_a_difference_is
 ) -> None:
     url = pgbouncer_storage.url()
     timeouts = {"statement_timeout_ms": 30_000, "lock_timeout_ms": 5_000}
-    with caplog.at_level(logging.WARNING, logger="app.store.postgres"):
+    with caplog.at_level(logging.WARNING, logger="app.store.backends"):
         await _ping_often(url, pgbouncer=True, **timeouts)
     told = [r.getMessage() for r in caplog.records if "INTAKE_DATABASE_PGBOUNCER" in r.getMessage()]
     assert len(told) == 1, told  # once, at the first connection
@@ -99,7 +99,7 @@ async def test_behind_pgbouncer_the_timeouts_are_the_servers_and_a_difference_is
     # Set on the server (for the database here; for the role in production): nothing to tell.
     url = pgbouncer_storage.url(statement_timeout=30_000, lock_timeout=5_000)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="app.store.postgres"):
+    with caplog.at_level(logging.WARNING, logger="app.store.backends"):
         await _ping_often(url, pgbouncer=True, **timeouts)
     assert [r.getMessage() for r in caplog.records] == []
 

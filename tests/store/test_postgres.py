@@ -18,8 +18,8 @@ from app.store import (
     SqlUpdateStore,
     StoreUnavailable,
     open_store,
-    queries,
 )
+from app.store.claims import statements as claims
 from tests.conftest import Storage, table_locked
 from tests.store.test_query_plans import explain
 
@@ -339,7 +339,7 @@ async def _fill_as_the_intake_does(store: SqlUpdateStore, count: int, first: int
 
 
 async def _claim_plan(store: SqlUpdateStore) -> list[str]:
-    statement = queries.claim_next_owned(
+    statement = claims.claim_next_owned(
         store.table,
         now=_now(),
         lease_until=_now() + 60_000,

@@ -17,12 +17,15 @@ from app.store import (
     NewUpdate,
     SqlUpdateStore,
     UpdateFilter,
-    control,
     open_store,
-    postgres,
-    queries,
-    sqlite,
 )
+from app.store.backends import postgres_statements, sqlite_statements
+from app.store.claims import statements as claims
+from app.store.control import statements as control
+from app.store.exhaustions import statements as exhaustions
+from app.store.records import statements as records
+from app.store.settles import statements as settles
+from app.store.views import statements as views
 from tests.conftest import Storage
 from tests.store.big_table import NOW, fill
 
@@ -35,26 +38,28 @@ def _add(store: SqlUpdateStore) -> dict[str, tuple[Any, dict[str, Any]]]:
     the keys it inserted that runs after it when some were not new."""
     rows = [NewUpdate("shop", 5, "{}", NOW)]
     if store.dialect == "postgresql":
-        return {"add": (postgres.add(store.table), postgres.add_arrays(rows))}
-    batch = sqlite.add_rows(rows)
-    found = (sqlite.inserted(store.table), {**batch, "after": 1_000})
-    return {"add": (sqlite.add(store.table), batch), "inserted": found}
+        return {"add": (postgres_statements.add(store.table), postgres_statements.add_arrays(rows))}
+    batch = sqlite_statements.add_rows(rows)
+    found = (sqlite_statements.inserted(store.table), {**batch, "after": 1_000})
+    return {"add": (sqlite_statements.add(store.table), batch), "inserted": found}
 
 
 def _settle_many(store: SqlUpdateStore) -> tuple[Any, dict[str, Any]]:
     """The batch settle as each backend runs it, for one item."""
     items = [(IDENTITY, Completed(NOW))]
     if store.dialect == "postgresql":
-        return postgres.settle_many_owned(store.table), postgres.settle_many_parameters(items)
-    batch = sqlite.json_batch(queries.SETTLE_COLUMNS, queries.settle_rows(items))
-    return sqlite.settle_many_owned(store.table), batch
+        return postgres_statements.settle_many_owned(
+            store.table
+        ), postgres_statements.settle_many_parameters(items)
+    batch = sqlite_statements.json_batch(settles.SETTLE_COLUMNS, settles.settle_rows(items))
+    return sqlite_statements.settle_many_owned(store.table), batch
 
 
 def statements(store: SqlUpdateStore) -> dict[str, Any]:
     t = store.table
     return {
         **_add(store),
-        "claim": queries.claim(
+        "claim": claims.claim(
             t,
             bot="shop",
             update_id=1_000_002,
@@ -63,7 +68,7 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
             max_attempts=8,
             durable_exhaustion=True,
         ),
-        "claim_owned": queries.claim_owned(
+        "claim_owned": claims.claim_owned(
             t,
             bot="shop",
             update_id=1_000_002,
@@ -72,7 +77,7 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
             max_attempts=8,
             durable_exhaustion=False,
         ),
-        "claim_next_owned chat": queries.claim_next_owned(
+        "claim_next_owned chat": claims.claim_next_owned(
             t,
             now=NOW,
             lease_until=LEASE,
@@ -83,7 +88,7 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
             durable_exhaustion=True,
             lateral=store.dialect == "postgresql",
         ),
-        "claim_next_owned none": queries.claim_next_owned(
+        "claim_next_owned none": claims.claim_next_owned(
             t,
             now=NOW,
             lease_until=LEASE,
@@ -94,15 +99,15 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
             durable_exhaustion=False,
             lateral=store.dialect == "postgresql",
         ),
-        "renew_owned": queries.renew_owned(t, identity=IDENTITY, lease_until=LEASE, now=NOW),
-        "owns": queries.owns(t, identity=IDENTITY, at=NOW, lock=True),
-        "settle_owned": queries.settle_owned(t, identity=IDENTITY, settlement=Completed(NOW)),
+        "renew_owned": claims.renew_owned(t, identity=IDENTITY, lease_until=LEASE, now=NOW),
+        "owns": claims.owns(t, identity=IDENTITY, at=NOW, lock=True),
+        "settle_owned": settles.settle_owned(t, identity=IDENTITY, settlement=Completed(NOW)),
         "settle_many_owned": _settle_many(store),
-        "due": queries.due(t, now=NOW, pending_before=NOW, limit=100),
-        "exhaust": queries.exhaust(t, identity=IDENTITY, at=NOW, error="HTTP 400"),
-        "due_exhaustions": queries.due_exhaustions(t, limit=100, after=("news", 5), bots=None),
-        "acknowledge_exhaustion": queries.acknowledge_exhaustion(t, identity=IDENTITY, at=NOW),
-        "prune": queries.prune(t, before=1_000, limit=2_000),
+        "due": claims.due(t, now=NOW, pending_before=NOW, limit=100),
+        "exhaust": exhaustions.exhaust(t, identity=IDENTITY, at=NOW, error="HTTP 400"),
+        "due_exhaustions": exhaustions.due_exhaustions(t, limit=100, after=("news", 5), bots=None),
+        "acknowledge_exhaustion": exhaustions.acknowledge_exhaustion(t, identity=IDENTITY, at=NOW),
+        "prune": records.prune(t, before=1_000, limit=2_000),
         **_operator_statements(store),
     }
 
@@ -115,9 +120,9 @@ def _operator_statements(store: SqlUpdateStore) -> dict[str, Any]:
 
     def search(after: Any = None, **criteria: Any) -> Any:
         chosen = UpdateFilter(**{"bots": shop, **criteria})
-        return control.search_updates(t, chosen, after=after, limit=50)
+        return views.search_updates(t, chosen, after=after, limit=50)
 
-    mine = control.exhaustions_matching(t, ExhaustionFilter(bots=shop, error_contains="HTTP"))
+    mine = exhaustions.exhaustions_matching(t, ExhaustionFilter(bots=shop, error_contains="HTTP"))
     return {
         "search_updates bot": search(),
         "search_updates bots, after a cursor": search(
@@ -128,8 +133,10 @@ def _operator_statements(store: SqlUpdateStore) -> dict[str, Any]:
         "search_updates window": search(received_after=400_000, received_before=401_000),
         "search_updates state": search(state="failed"),
         "search_updates contains": search(chat="7", contains="order"),
-        "redrive": control.redrive(t, mine, after=None, limit=1_000, start=NOW, interval_ms=2.0),
-        "acknowledge_exhaustions": control.acknowledge_exhaustions(
+        "redrive": exhaustions.redrive(
+            t, mine, after=None, limit=1_000, start=NOW, interval_ms=2.0
+        ),
+        "acknowledge_exhaustions": exhaustions.acknowledge_exhaustions(
             t, mine, after=("shop", 5), limit=1_000, at=NOW
         ),
         "park": control.park(t, identity=IDENTITY, at=NOW, reason="poison"),

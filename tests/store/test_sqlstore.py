@@ -8,18 +8,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from app.store import (
-    ClaimIdentity,
-    Completed,
-    Failed,
-    SchemaError,
-    StoreUnavailable,
-    open_store,
-)
+from app.store import ClaimIdentity, Completed, Failed, SchemaError, StoreUnavailable, open_store
+from app.store.backends.sqlite import SqliteBackend
 from app.store.engine import normalise_url
 from app.store.migrate import upgrade
-from app.store.sqlite import SqliteBackend
-from app.store.sqlstore import base as sqlstore_base
+from app.store.records import methods as record_methods
 from tests.conftest import Storage
 
 GOOD = {"bot": "shop", "update_id": 7, "body": '{"update_id": 7}', "received_at": 0}
@@ -248,7 +241,7 @@ def test_a_pool_checkout_timeout_is_unavailability() -> None:
 async def test_prune_deletes_in_bounded_batches_until_none_is_left(
     storage: Storage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlstore_base, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(record_methods, "PRUNE_BATCH", 3)
     store = await open_store(storage.url())
     try:
         statements: list[str] = []

@@ -32,7 +32,7 @@ class _Findings:
 
 Rule = Callable[[Any, _Findings], Awaitable[None]]
 # Each rule's name and level, filled as the family modules are imported; the order the rules
-# run in is `_RULES` in `app.store.conformance`.
+# run in is `_RULES` in `app.store.conformance.check`.
 _REGISTERED: dict[Rule, tuple[str, Capability]] = {}
 
 

@@ -1,0 +1,400 @@
+"""PostgreSQL: a pool of autocommitting connections, batches over parameter arrays, NOTIFY.
+
+- Engines: psycopg 3, pooled without overflow and without pre-ping. The engine autocommits:
+  almost every store method is one statement, its own transaction, with no BEGIN and COMMIT
+  round trips. A caller's transaction (`transactions`) is a READ COMMITTED view of it.
+- Locking: callers queue for the pool's connections in arrival order (a semaphore of the
+  pool's size). The pool's own queue lets a newcomer take a connection handed to a waiter,
+  and under load some requests then wait seconds while most wait milliseconds.
+- The statements run most often (the batch insert, the batch settle, `owns`, the claim per
+  shape) are compiled once to psycopg's SQL; their batch arrays travel in binary.
+- The clock is the database's: the one clock the leases of every host share.
+- Wake-ups across processes: every commit that adds updates NOTIFYs the table's channel, and
+  `listen` holds one connection of its own, outside the pool, that LISTENs on it.
+- Behind PgBouncer in transaction pooling mode (`pgbouncer=True`): consecutive transactions of
+  one connection may run on different server sessions, so nothing may outlive a transaction.
+  psycopg prepares no statements (a prepared statement stays on the server session, where
+  another client meets its name), the timeouts are not sent at connect (PgBouncer refuses
+  the `options` startup parameter; they belong to the role, and the first connection says
+  when the server's differ), and LISTEN, which needs a session, uses the direct
+  `listen_url` or, without one, is left to polling. Both travel as execution options of
+  the engine (`PGBOUNCER`, `LISTEN_URL`).
+- `fencing.owns_in_transaction` (a downstream's own transaction) is the SQL function of
+  revision 0002 here (FOR UPDATE, database clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql as psql
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Integer,
+    Row,
+    Select,
+    Table,
+    Text,
+    Update,
+    bindparam,
+    cast,
+    exists,
+    func,
+    literal,
+    literal_column,
+    select,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import OID
+from sqlalchemy.engine import URL, CursorResult
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.sql.elements import ClauseElement
+
+from app.store import history
+from app.store.backends.backend import Backend, ClaimShapes, History, Numbers
+from app.store.backends.postgres_engine import LISTEN_URL, PGBOUNCER
+from app.store.backends.postgres_statements import (
+    IDENTITY_COLUMNS,
+    PG_CLASS,
+    RENEW_COLUMNS,
+    STAT_USER_TABLES,
+    add,
+    add_arrays,
+    announce,
+    arrays,
+    busy_owned,
+    database_time,
+    owned_leases,
+    renewed_leases,
+    settle_many_owned,
+    settle_many_parameters,
+)
+from app.store.claims import statements as claims
+from app.store.events import statements as events
+from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
+
+log = logging.getLogger(__name__)
+
+
+Compiled = tuple[str, dict[str, Any]]  # psycopg's SQL text and its constant parameters
+
+
+class PostgresBackend(Backend):
+    upsert = staticmethod(postgresql.insert)
+    name = "postgresql"
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self.writes = self.reads = engine
+        self.transactions = engine.execution_options(isolation_level="READ COMMITTED")
+        self.write_lock = self.read_lock = asyncio.Semaphore(engine.pool.size())  # type: ignore[attr-defined]
+        self._channel = ""
+        self._compiled: dict[str, Compiled] = {}
+        self._claims = ClaimShapes(self._claim_sql)
+        self._history: History | None = None
+
+    def prepare(
+        self, table: Table, channel: str, history: History | None, outbox: Table | None
+    ) -> None:
+        self._channel = channel
+        self._history = history
+        self._outbox = outbox
+        attempts = None if history is None else history.attempts
+        statements: dict[str, ClauseElement] = {"add": add(table, channel)}
+        if "uncounted" in table.c:  # the fenced methods' revision
+            statements["settle_many_owned"] = settle_many_owned(table, attempts)
+            statements["busy_owned"] = busy_owned(table)
+            statements["owned_leases"] = owned_leases(table)
+            statements["renewed_leases"] = renewed_leases(table)
+            statements["owns"] = claims.owns(
+                table, identity=None, at=bindparam("at", type_=BigInteger), lock=False
+            )
+        self._compiled = {name: self._driver_sql(s) for name, s in statements.items()}
+        self._claims = ClaimShapes(self._claim_sql)
+
+    def _claim_sql(self, statement: ClauseElement) -> Compiled:
+        return self._driver_sql(statement, expanded=True)
+
+    def _driver_sql(self, statement: ClauseElement, *, expanded: bool = False) -> Compiled:
+        """A statement as psycopg's SQL text and its constant parameters, to run many times
+        with `_execute`. `expanded` renders IN-lists into the text. Batch arrays travel in
+        binary (psycopg's `%b`): dumping a text array escapes every quote of every JSON body,
+        about 17 us a body, against well under one in binary."""
+        options = {"render_postcompile": True} if expanded else {}
+        compiled = statement.compile(dialect=self.engine.dialect, compile_kwargs=options)
+        text = re.sub(r"%\((batch_\w+)\)s", r"%(\1)b", compiled.string)
+        return text, dict(compiled.params)
+
+    @staticmethod
+    async def _execute(
+        connection: AsyncConnection, compiled: Compiled, values: dict[str, Any]
+    ) -> CursorResult[Any]:
+        text, constants = compiled
+        return await connection.exec_driver_sql(text, {**constants, **values})
+
+    async def add_many(
+        self, rows: Sequence[NewUpdate], *, guard: Update | None = None
+    ) -> Sequence[Any] | None:
+        arrays = add_arrays(rows)
+        if guard is None:
+            async with self.write() as connection:
+                return (await self._execute(connection, self._compiled["add"], arrays)).all()
+        async with self.transaction() as connection:
+            if (await connection.execute(guard)).first() is None:
+                return None
+            if not rows:
+                return []
+            return (await self._execute(connection, self._compiled["add"], arrays)).all()
+
+    async def claim_next_owned(
+        self,
+        table: Table,
+        numbers: Numbers,
+        *,
+        ordering: Ordering,
+        bots: list[str] | None,
+        durable_exhaustion: bool,
+    ) -> Sequence[Row[Any]]:
+        compiled = self._claims.get(
+            table,
+            ordering=ordering,
+            bots=bots,
+            durable_exhaustion=durable_exhaustion,
+            lateral=True,
+            record=lambda claim: self._recorded(
+                claim,
+                now=bindparam("now", 0, BigInteger),
+                worker=bindparam("worker", "", Text),
+                durable=durable_exhaustion,
+            ),
+        )
+        values: dict[str, Any] = dict(numbers)
+        if self._history is not None:
+            values["worker"] = self._history.worker
+        async with self.write() as connection:
+            return (await self._execute(connection, compiled, values)).all()
+
+    async def transition(
+        self, connection: AsyncConnection, statement: Update, follow: Update | None
+    ) -> Row[Any] | None:
+        if follow is None:
+            return (await connection.execute(statement)).first()
+        moved = statement.cte("moved")
+        guarded = follow.where(exists(select(literal_column("1")).select_from(moved)))
+        both = select(moved).add_cte(guarded.cte("followed"))
+        return (await connection.execute(both)).first()
+
+    async def claim_recorded(self, statement: Update, now: int, *, durable: bool) -> Sequence[Any]:
+        worker = "" if self._history is None else self._history.worker
+        recorded = self._recorded(
+            statement, now=literal(now, BigInteger), worker=literal(worker, Text), durable=durable
+        )
+        async with self.write() as connection:
+            return (await connection.execute(recorded)).all()
+
+    def _recorded(
+        self, claim: Update, *, now: ColumnElement[int], worker: ColumnElement[str], durable: bool
+    ) -> Update | Select[Any]:
+        """A claim that, in the same statement, enters the attempts it starts in their history
+        and (`durable`) the exhaustions it makes in the outbox: data-modifying CTEs."""
+        records = self._history is not None or (self._outbox is not None and durable)
+        if not records:
+            return claim
+        claimed = claim.cte("claimed")
+        statement = select(claimed)
+        if self._history is not None:
+            started = history.started(
+                self._history.attempts, claimed, now=now, worker=worker, upsert=self.upsert
+            )
+            statement = statement.add_cte(started.cte("started"))
+        if self._outbox is not None and durable:
+            spent = events.spent_in_claim(self._outbox, claimed, now=now)
+            statement = statement.add_cte(spent.cte("spent"))
+        return statement
+
+    async def delete_recorded(
+        self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
+    ) -> int:
+        gone = statement.cte("gone")
+        counted = select(func.count()).select_from(gone)
+        if attempts is not None:
+            counted = counted.add_cte(history.forget(attempts, gone).cte("forgotten"))
+        return int((await connection.execute(counted)).scalar_one())
+
+    async def owns(
+        self, connection: AsyncConnection, table: Table, identity: ClaimIdentity, at: int
+    ) -> Row[Any] | None:
+        values = {**dataclasses.asdict(identity), "at": at}
+        return (await self._execute(connection, self._compiled["owns"], values)).first()
+
+    async def owned_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        identities: Sequence[ClaimIdentity],
+        at: int,
+    ) -> dict[ClaimIdentity, int]:
+        rows = [dataclasses.asdict(identity) for identity in identities]
+        values = {**arrays(IDENTITY_COLUMNS, rows), "at": at}
+        result = await self._execute(connection, self._compiled["owned_leases"], values)
+        return {
+            ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
+            for row in result.all()
+        }
+
+    async def renewed_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        renewals: Sequence[tuple[ClaimIdentity, int]],
+        now: int,
+    ) -> dict[ClaimIdentity, int]:
+        rows = [
+            {**dataclasses.asdict(identity), "lease_until": lease_until}
+            for identity, lease_until in renewals
+        ]
+        values = {**arrays(RENEW_COLUMNS, rows), "now": now}
+        result = await self._execute(connection, self._compiled["renewed_leases"], values)
+        return {
+            ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
+            for row in result.all()
+        }
+
+    async def settle_many_owned(
+        self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
+    ) -> dict[tuple[str, int], bool | None]:
+        arrays = settle_many_parameters(items)
+        async with self.write() as connection:
+            result = await self._execute(connection, self._compiled["settle_many_owned"], arrays)
+            settled: dict[tuple[str, int], bool | None] = {
+                (row.bot, row.update_id): bool(row.waiting) for row in result.all()
+            }
+            unsettled = [i for i in items if (i[0].bot, i[0].update_id) not in settled]
+            if unsettled:  # refused, or skipped because locked: tell them apart
+                arrays = settle_many_parameters(unsettled)
+                busy = await self._execute(connection, self._compiled["busy_owned"], arrays)
+                settled.update({(row.bot, row.update_id): None for row in busy.all()})
+        return settled
+
+    async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
+        # A transaction-level advisory lock, released at commit (so it holds behind a
+        # transaction-pooling PgBouncer too), keyed by the purpose and the table's oid: the
+        # same table name in another schema is another table.
+        oid = cast(cast(func.to_regclass(table.name), OID), Integer)
+        lock = select(func.pg_try_advisory_xact_lock(func.hashtext(purpose), oid))
+        return bool((await connection.execute(lock)).scalar_one())
+
+    async def statistics_age(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, float, float] | None:
+        stats, classes = STAT_USER_TABLES.c, PG_CLASS.c
+        last = func.greatest(stats.last_analyze, stats.last_autoanalyze)  # NULLs ignored
+        counters = (
+            select(
+                stats.n_mod_since_analyze,
+                func.extract("epoch", func.clock_timestamp() - last).label("age"),
+                classes.reltuples,
+            )
+            .join_from(STAT_USER_TABLES, PG_CLASS, classes.oid == stats.relid)
+            .where(stats.relid == cast(func.to_regclass(table.name), OID))
+        )
+        row = (await connection.execute(counters)).first()
+        if row is None or row.age is None:
+            return None
+        return int(row.n_mod_since_analyze), float(row.age), max(float(row.reltuples), 0.0)
+
+    async def analyze(self, connection: AsyncConnection, table: Table) -> None:
+        # Sampled (300 rows per statistics target unit): its time is bounded whatever the size.
+        name = connection.dialect.identifier_preparer.quote(table.name)
+        await connection.exec_driver_sql(f"ANALYZE {name}")
+
+    async def dead_rows(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, int, float | None]:
+        stats = STAT_USER_TABLES.c
+        last = func.greatest(stats.last_vacuum, stats.last_autovacuum)  # NULLs ignored
+        counters = select(
+            stats.n_dead_tup,
+            stats.n_live_tup,
+            func.extract("epoch", func.clock_timestamp() - last).label("age"),
+        ).where(stats.relid == cast(func.to_regclass(table.name), OID))
+        row = (await connection.execute(counters)).first()
+        if row is None:
+            return 0, 0, None
+        age = None if row.age is None else float(row.age)
+        return int(row.n_dead_tup), int(row.n_live_tup), age
+
+    async def vacuum(self, connection: AsyncConnection, table: Table) -> None:
+        # The engine autocommits: VACUUM runs outside a transaction, as it must. SKIP_LOCKED:
+        # a vacuum of the table already at work (another worker's, autovacuum's) holds its
+        # lock, and this one returns at once instead of queueing behind it.
+        name = connection.dialect.identifier_preparer.quote(table.name)
+        await connection.exec_driver_sql(f"VACUUM (SKIP_LOCKED) {name}")
+
+    async def database_time(self) -> int:
+        async with self.read() as connection:
+            return int((await connection.execute(database_time())).scalar_one())
+
+    async def announce(self) -> None:
+        async with self.write() as connection:
+            await connection.execute(announce(self._channel))
+
+    async def listen(
+        self,
+        wake: Callable[[], None],
+        *,
+        listening: asyncio.Event | None = None,
+        max_pause: float = 5.0,
+    ) -> None:
+        """LISTEN on one connection of its own (to the engine's `LISTEN_URL` when it has one);
+        when it drops, reconnect with backoff and call `wake` once, so that a worker looks
+        again for what it might have missed. Behind PgBouncer without a direct URL there is
+        no session to LISTEN on: say so once and return, leaving the workers to poll."""
+        options = self.engine.get_execution_options()
+        direct: URL | None = options.get(LISTEN_URL)
+        if direct is None and options.get(PGBOUNCER):
+            log.warning(
+                "wake-ups from other processes are off: LISTEN needs a session, which "
+                "PgBouncer in transaction pooling mode does not keep (INTAKE_DATABASE_PGBOUNCER) "
+                "and no direct INTAKE_LISTEN_DATABASE_URL is set; idle workers look for new "
+                "updates every INTAKE_POLL_INTERVAL_SECONDS instead"
+            )
+            return
+        target = (direct or self.engine.url).set(drivername="postgresql")
+        conninfo = target.render_as_string(hide_password=False)
+        pause = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    conninfo,
+                    autocommit=True,
+                    application_name="telegram-intake listener",
+                    connect_timeout=5,
+                    # A connection that died silently is noticed within about a minute.
+                    keepalives=1,
+                    keepalives_idle=30,
+                    keepalives_interval=10,
+                    keepalives_count=3,
+                ) as connection:
+                    await connection.execute(
+                        psql.SQL("LISTEN {}").format(psql.Identifier(self._channel))
+                    )
+                    pause = 0.1
+                    if listening is not None:
+                        listening.set()
+                    wake()  # whatever arrived while we were not listening
+                    async for _ in connection.notifies():
+                        wake()
+            except (psycopg.Error, OSError) as error:
+                log.warning(
+                    "wake-up listener lost its connection (%s); retrying in %.1f s", error, pause
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, max_pause)

@@ -1,0 +1,187 @@
+"""The statements that exist on PostgreSQL only: batches over parameter arrays (`unnest`),
+the same-database `owns` function, its clock and NOTIFY; built from the shared predicates."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    Table,
+    Text,
+    Update,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    func,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy import table as catalog_view
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import ARRAY, OID
+
+from app.store import history
+from app.store.predicates import live, matches
+from app.store.records import statements as records
+from app.store.settles import statements as settles
+from app.store.types import ClaimIdentity, NewUpdate, Settlement
+
+# The database's own counters of each table (a view of the statistics system).
+STAT_USER_TABLES = catalog_view(
+    "pg_stat_user_tables",
+    column("relid", OID),
+    column("n_mod_since_analyze", BigInteger),
+    column("last_analyze"),
+    column("last_autoanalyze"),
+    column("n_dead_tup", BigInteger),
+    column("n_live_tup", BigInteger),
+    column("last_vacuum"),
+    column("last_autovacuum"),
+)
+
+# The planner's size of each relation, as the last ANALYZE or VACUUM left it.
+PG_CLASS = catalog_view("pg_class", column("oid", OID), column("reltuples"))
+
+
+def _unnest(columns: dict[str, Any]) -> Any:
+    """Parallel arrays as a derived table `batch(columns...)`. The statement text is the same
+    for every batch size, so psycopg prepares it once."""
+    arrays = (cast(bindparam(f"batch_{name}"), ARRAY(kind)) for name, kind in columns.items())
+    return func.unnest(*arrays).table_valued(*columns).render_derived(name="batch")
+
+
+def arrays(columns: dict[str, Any], rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {f"batch_{name}": [row[name] for row in rows] for name in columns}
+
+
+def add(t: Table, channel: str | None = None) -> Any:
+    """`add_many`'s INSERT over unnest(): new keys as pending, existing ones skipped
+    (duplicates within the batch too); RETURNING names the keys that were new.
+
+    With `channel`, the statement also NOTIFYs it when it added a row: workers in other
+    processes wake at the commit, with no round trip of its own."""
+    added = records.add_many(t, _unnest(records.ADD_COLUMNS), postgresql.insert)
+    added = added.returning(t.c.bot, t.c.update_id)
+    if channel is None:
+        return added
+    # pg_notify runs per new row; PostgreSQL sends one notification per transaction.
+    rows = added.cte("added")
+    return select(rows.c.bot, rows.c.update_id, func.pg_notify(channel, ""))
+
+
+def add_arrays(rows: Sequence[NewUpdate]) -> dict[str, list[Any]]:
+    """The parameters of `add` for these rows, as parallel arrays."""
+    return {f"batch_{name}": [getattr(row, name) for row in rows] for name in records.ADD_COLUMNS}
+
+
+def settle_many_owned(t: Table, attempts: Table | None = None) -> Update | Select[Any]:
+    """`settles.settle_many_owned` over unnest() of parallel arrays (one statement text for any
+    batch size, so it is prepared once). A row another transaction holds locked (a
+    downstream's `owns` inside its transaction, an operator's statement) is skipped, not
+    waited for: one locked row must not hold up the settles of every other attempt of the
+    process. `busy_owned` tells a skipped row from a refused one. With `attempts`, the same
+    statement ends each settled attempt's history (a data-modifying CTE)."""
+    batch = select(_unnest(settles.SETTLE_COLUMNS)).cte("batch")
+    free = (
+        select(t.c.bot, t.c.update_id)
+        .join(batch, and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id))
+        .with_for_update(skip_locked=True, of=t)
+        .cte("free")
+    )
+    unlocked = tuple_(t.c.bot, t.c.update_id).in_(select(free.c.bot, free.c.update_id))
+    settle = settles.settle_many_owned(t, batch, unlocked)
+    if attempts is None:
+        return settle
+    settled = settle.cte("settled")
+    keys = tuple_(batch.c.bot, batch.c.update_id).in_(select(settled.c.bot, settled.c.update_id))
+    return select(settled).add_cte(history.ended_many(attempts, batch, keys).cte("ended"))
+
+
+def busy_owned(t: Table) -> Select[Any]:
+    """Of a batch's unsettled items (the same arrays), the keys still held by their identity
+    with a live lease: `settle_many_owned` skipped them because their row was locked. Read
+    without a lock, so it never waits."""
+    batch = _unnest(settles.SETTLE_COLUMNS)
+    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    return select(t.c.bot, t.c.update_id).where(exact, live(t, batch.c.at))
+
+
+IDENTITY_COLUMNS = {"bot": Text, "update_id": BigInteger, "attempt": Integer, "claim_id": Text}
+
+
+def owned_leases(t: Table) -> Select[Any]:
+    """Of a batch of identities (parallel arrays), the exact live claims at `:at` and their
+    leases: `owns`'s rule (`predicates.owned_by`) for all of them in one statement, read
+    without a lock."""
+    batch = _unnest(IDENTITY_COLUMNS)
+    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    at = bindparam("at", type_=BigInteger)
+    return select(t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.due_at).where(
+        exact, live(t, at)
+    )
+
+
+RENEW_COLUMNS = {**IDENTITY_COLUMNS, "lease_until": BigInteger}
+
+
+def renewed_leases(t: Table) -> Update:
+    """A batch of renewals (parallel arrays of distinct identities), each matched on its full
+    identity and a lease live at `:now` (the rule of `claims.renew_owned`), extended to its
+    `lease_until` and never shortened. A row another transaction holds locked is skipped, not
+    waited for (as `settle_many_owned`): its caller renews it alone."""
+    batch = select(_unnest(RENEW_COLUMNS)).cte("batch")
+    free = (
+        select(t.c.bot, t.c.update_id)
+        .join(batch, and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id))
+        .with_for_update(skip_locked=True, of=t)
+        .cte("free")
+    )
+    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    now = bindparam("now", type_=BigInteger)
+    extended = case((t.c.due_at < batch.c.lease_until, batch.c.lease_until), else_=t.c.due_at)
+    return (
+        update(t)
+        .where(
+            exact,
+            live(t, now),
+            tuple_(t.c.bot, t.c.update_id).in_(select(free.c.bot, free.c.update_id)),
+        )
+        .values(due_at=extended)
+        .returning(t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.due_at)
+    )
+
+
+def settle_many_parameters(
+    items: Sequence[tuple[ClaimIdentity, Settlement]],
+) -> dict[str, list[Any]]:
+    """The arrays of `settle_many_owned` for these settlements."""
+    return arrays(settles.SETTLE_COLUMNS, settles.settle_rows(items))
+
+
+def owns_function(name: str, identity: ClaimIdentity) -> Select[Any]:
+    """`fencing.owns_in_transaction`'s statement: the SQL function of revision 0002."""
+    arguments = (identity.bot, identity.update_id, identity.attempt, identity.claim_id)
+    return select(getattr(func, name)(*arguments))
+
+
+def function_says(row: Any) -> bool:
+    """Whether `owns_function`'s row proves the claim."""
+    return row is not None and row[0] is True
+
+
+def database_time() -> Select[Any]:
+    """The database's clock in epoch ms."""
+    epoch = func.extract("epoch", func.clock_timestamp())
+    return select(cast(func.floor(epoch * 1000), BigInteger))
+
+
+def announce(channel: str) -> Select[Any]:
+    """Wake the listeners of `channel` (at this statement's commit)."""
+    return select(func.pg_notify(channel, ""))

@@ -1,0 +1,289 @@
+"""SQLite: one file, one writer.
+
+- Engines: WAL with `synchronous=FULL` (an acknowledged commit survives a power cut), a busy
+  timeout, and write transactions that take the write lock up front (`BEGIN IMMEDIATE`), so
+  two writers never deadlock upgrading read locks. Reads begin DEFERRED. A file only: an
+  in-memory database would lose every update at exit, and is refused.
+- The writes run most often (the batch insert, the claims, the batch settle) run whole on
+  the writer's thread in one hand-off (`app.store.backends.sqlite_writer`); the others go through
+  the engine. The process queues both kinds of writer on one `asyncio.Lock`, which beats
+  spinning in the busy timeout.
+- Batches are one statement over `json_each()` of one JSON array, as PostgreSQL's are over
+  `unnest()` of parameter arrays.
+- The clock is this host's (the file is here), and there are no notifications: a worker in
+  another process than the intake finds new rows by polling.
+- `fencing.owns_in_transaction` (a downstream's own transaction) is a no-op write of the
+  leased row here (`hold_owned`): the transaction then holds the write lock until it
+  commits, so no reclaim can pass."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+from sqlalchemy import (
+    Row,
+    Table,
+    Update,
+    bindparam,
+    delete,
+)
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import ReturningDelete
+
+from app.store import history
+from app.store.backends.backend import Backend, ClaimShapes, History, Numbers
+from app.store.backends.sqlite_engine import SQLITE_BEGIN, connector
+from app.store.backends.sqlite_statements import (
+    _json_batch,
+    add,
+    add_rows,
+    history_insert,
+    inserted,
+    json_batch,
+    settle_many_owned,
+)
+from app.store.backends.sqlite_writer import Prepared, Result, Transaction, Writer
+from app.store.claims import statements as claims
+from app.store.events import statements as events
+from app.store.history import ended_many
+from app.store.settles import statements as settles
+from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
+
+
+class SqliteBackend(Backend):
+    upsert = staticmethod(sqlite.insert)
+    name = "sqlite"
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self.writes = self.transactions = engine
+        self.reads = engine.execution_options(**{SQLITE_BEGIN: "DEFERRED"})
+        # One writer at a time, the engine's or the writer's; queueing ours here beats
+        # spinning in busy_timeout.
+        self.write_lock = asyncio.Lock()
+        self.read_lock = nullcontext()
+        self._writer = Writer(connector(engine))
+        self._add: Prepared | None = None
+        self._inserted: Prepared | None = None
+        self._claims = ClaimShapes(Prepared.of)
+        self._history: History | None = None
+        self._started: Prepared | None = None
+        self._settle: Prepared | None = None
+        self._ended: Prepared | None = None
+
+    def prepare(
+        self, table: Table, channel: str, history: History | None, outbox: Table | None
+    ) -> None:
+        self._add = Prepared.of(add(table))
+        self._inserted = Prepared.of(inserted(table))
+        self._claims = ClaimShapes(Prepared.of)
+        self._history = history
+        self._started = None if history is None else Prepared.of(history_insert(history.attempts))
+        self._outbox = outbox
+        fenced = "uncounted" in table.c  # the fenced methods' revision
+        self._settle = Prepared.of(settle_many_owned(table)) if fenced else None
+        batch = _json_batch(settles.SETTLE_COLUMNS)
+        self._ended = None if history is None else Prepared.of(ended_many(history.attempts, batch))
+
+    async def _write_whole(self, work: Callable[[Transaction], Result]) -> Result:
+        """One write transaction run whole by the writer (`sqlite_writer`)."""
+        async with self.write_lock:
+            return await self._writer.run(work)
+
+    async def close(self) -> None:
+        await self._writer.close()
+
+    def _record_claim(
+        self, transaction: Transaction, rows: Sequence[Any], now: int, durable: bool
+    ) -> None:
+        """In the claim's transaction: the attempts it started enter their history, and the
+        exhaustions it made (attempts spent) the outbox."""
+        if self._started is not None and self._history is not None:
+            started = history.start_rows(rows, now=now, worker=self._history.worker)
+            if started:
+                transaction.execute_many(self._started, started)
+        if self._outbox is not None and durable:
+            spent = events.spent_rows(rows, now=now)
+            if spent:
+                transaction.execute(events.record(self._outbox, spent))
+
+    async def add_many(
+        self, rows: Sequence[NewUpdate], *, guard: Update | None = None
+    ) -> Sequence[Any] | None:
+        statement, inserted, batch = self._add, self._inserted, add_rows(rows)
+        assert statement is not None, "prepare() first"
+        assert inserted is not None
+
+        def work(transaction: Transaction) -> Sequence[Any] | None:
+            if guard is not None and not transaction.execute(guard):
+                return None
+            if not rows:
+                return []
+            # Few steps of the driver whatever the batch: at each the writer's thread hands
+            # the GIL back and must take it again from the busy event loop.
+            count, last = transaction.insert(statement, batch)
+            keys = {(row.bot, row.update_id) for row in rows}
+            if count == len(keys):
+                return rows  # every key new: the common case, one step
+            if not count:
+                return []
+            found = transaction.execute(inserted, {**batch, "after": last - count})
+            new = {(row.bot, row.update_id) for row in found}
+            return [row for row in rows if (row.bot, row.update_id) in new]
+
+        if guard is not None:  # the guard and the insert commit together, or neither does
+            return await self._write_whole(work)
+        async with self.write_lock:
+            return await self._writer.run_each(work)
+
+    async def claim_next_owned(
+        self,
+        table: Table,
+        numbers: Numbers,
+        *,
+        ordering: Ordering,
+        bots: list[str] | None,
+        durable_exhaustion: bool,
+    ) -> Sequence[Any]:
+        claim = self._claims.get(
+            table,
+            ordering=ordering,
+            bots=bots,
+            durable_exhaustion=durable_exhaustion,
+            lateral=False,
+        )
+
+        def work(transaction: Transaction) -> Sequence[Any]:
+            rows = transaction.execute(claim, numbers)
+            self._record_claim(transaction, rows, numbers["now"], durable_exhaustion)
+            return rows
+
+        return await self._write_whole(work)
+
+    async def claim_recorded(self, statement: Update, now: int, *, durable: bool) -> Sequence[Any]:
+        def work(transaction: Transaction) -> Sequence[Any]:
+            rows = transaction.execute(statement)
+            self._record_claim(transaction, rows, now, durable)
+            return rows
+
+        return await self._write_whole(work)
+
+    async def settle_many_owned(
+        self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
+    ) -> dict[tuple[str, int], bool | None]:
+        # One statement for the batch and one for the history of the settled ones. No row is
+        # ever busy: this transaction holds the one write lock.
+        settle, end = self._settle, self._ended
+        assert settle is not None, "settle_many_owned needs the fenced revision"
+        rows = settles.settle_rows(items)
+
+        def work(transaction: Transaction) -> dict[tuple[str, int], bool | None]:
+            returned = transaction.execute(settle, json_batch(settles.SETTLE_COLUMNS, rows))
+            settled: dict[tuple[str, int], bool | None] = {
+                (row.bot, row.update_id): bool(row.waiting) for row in returned
+            }
+            if end is not None and settled:
+                ended = [row for row in rows if (row["bot"], row["update_id"]) in settled]
+                transaction.execute(end, json_batch(settles.SETTLE_COLUMNS, ended))
+            return settled
+
+        return await self._write_whole(work)
+
+    async def transition(
+        self, connection: AsyncConnection, statement: Update, follow: Update | None
+    ) -> Row[Any] | None:
+        # The caller's transaction holds the write lock: the two statements commit together.
+        row: Row[Any] | None = (await connection.execute(statement)).first()
+        if row is not None and follow is not None:
+            await connection.execute(follow)
+        return row
+
+    async def delete_recorded(
+        self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
+    ) -> int:
+        keys = (await connection.execute(statement)).all()
+        if attempts is not None and keys:
+            forget = delete(attempts).where(
+                attempts.c.bot == bindparam("k_bot"), attempts.c.update_id == bindparam("k_id")
+            )
+            await connection.execute(forget, [{"k_bot": b, "k_id": u} for b, u in keys])
+        return len(keys)
+
+    async def owns(
+        self, connection: AsyncConnection, table: Table, identity: ClaimIdentity, at: int
+    ) -> Row[Any] | None:
+        statement = claims.owns(table, identity=identity, at=at, lock=False)
+        row: Row[Any] | None = (await connection.execute(statement)).first()
+        return row
+
+    async def owned_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        identities: Sequence[ClaimIdentity],
+        at: int,
+    ) -> dict[ClaimIdentity, int]:
+        # One read transaction of the local file: a statement each costs no round trip.
+        leases = {}
+        for identity in identities:
+            row = await self.owns(connection, table, identity, at)
+            if row is not None:
+                leases[identity] = int(row.due_at)
+        return leases
+
+    async def renewed_leases(
+        self,
+        connection: AsyncConnection,
+        table: Table,
+        renewals: Sequence[tuple[ClaimIdentity, int]],
+        now: int,
+    ) -> dict[ClaimIdentity, int]:
+        # One write transaction of the local file: a statement each costs no round trip.
+        leases = {}
+        for identity, lease_until in renewals:
+            statement = claims.renew_owned(
+                table, identity=identity, lease_until=lease_until, now=now
+            )
+            row = (await connection.execute(statement)).first()
+            if row is not None:
+                leases[identity] = int(row.due_at)
+        return leases
+
+    async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
+        return True  # the transaction holds the file's one write lock already
+
+    async def statistics_age(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, float, float] | None:
+        # SQLite counts no changes, and needs none: its statements name the index each walk
+        # reads (INDEXED BY, a unary + where an index must not serve), whatever the statistics.
+        return 0, 0.0, 0.0
+
+    async def analyze(self, connection: AsyncConnection, table: Table) -> None:
+        return
+
+    async def dead_rows(
+        self, connection: AsyncConnection, table: Table
+    ) -> tuple[int, int, float | None]:
+        # None to reclaim: a deleted row's pages go to the file's free list, and the next
+        # inserts take them (VACUUM would rewrite the whole file under the one write lock).
+        return 0, 0, None
+
+    async def vacuum(self, connection: AsyncConnection, table: Table) -> None:
+        return
+
+    async def database_time(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    async def listen(
+        self, wake: Callable[[], None], *, listening: asyncio.Event | None = None
+    ) -> None:
+        return
+
+    async def announce(self) -> None:
+        return

@@ -1,0 +1,2 @@
+"""Claiming updates under a lease, in Telegram's order (`chat_order`): `roles`, `statements`,
+`methods`, `conformance`."""

@@ -1,0 +1,171 @@
+"""Every statement of operator control (revision 0004's `_bots`, `_audit`): pause and resume,
+the rate limiter's shared bucket, the breaker the workers report, park, and the audit entry
+every action writes in its own transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from sqlalchemy import (
+    ColumnElement,
+    Insert,
+    Select,
+    Table,
+    Update,
+    case,
+    insert,
+    literal,
+    select,
+    update,
+)
+
+from app.store.predicates import Upsert, identity_is, in_state, transition_returning
+from app.store.types import ClaimIdentity
+
+
+def _upsert(bots: Table, upsert: Upsert, row: dict[str, Any], changes: dict[str, Any]) -> Insert:
+    insert = upsert(bots)
+    statement: Insert = insert.values(row).on_conflict_do_update(
+        index_elements=[bots.c.bot], set_=changes
+    )
+    return statement
+
+
+def bot_controls(bots: Table, names: Sequence[str] | None) -> Select[Any]:
+    statement = select(bots).order_by(bots.c.bot)
+    return statement if names is None else statement.where(bots.c.bot.in_(list(names)))
+
+
+def pause(bots: Table, upsert: Upsert, *, bot: str, at: int, by: str, reason: str | None) -> Insert:
+    """Pause `bot` unless it is paused already (a second pause keeps the first's time, key and
+    reason); RETURNING its pause, to tell whether this call paused it."""
+    b = bots.c
+    row = {"bot": bot, "paused_at": at, "paused_by": by, "paused_reason": reason}
+    kept = {
+        name: case((b.paused_at.is_(None), literal(value)), else_=b[name])
+        for name, value in (("paused_at", at), ("paused_by", by), ("paused_reason", reason))
+    }
+    return _upsert(bots, upsert, row, kept).returning(b.paused_at, b.paused_by)
+
+
+def resume(bots: Table, *, bot: str) -> Update:
+    b = bots.c
+    return (
+        update(bots)
+        .where(b.bot == bot, b.paused_at.is_not(None))
+        .values(paused_at=None, paused_by=None, paused_reason=None)
+        .returning(b.bot)
+    )
+
+
+def set_rate_limit(
+    bots: Table, upsert: Upsert, *, bot: str, per_second: float | None, at: int
+) -> Insert:
+    """Set (or, with None, lift) the limit; the bucket starts empty at `at`, so a new limit
+    never lets a burst through."""
+    row = {"bot": bot, "rate_per_second": per_second, "tokens": 0.0, "refilled_at": at}
+    changes = {"rate_per_second": per_second, "tokens": 0.0, "refilled_at": at}
+    return _upsert(bots, upsert, row, changes).returning(bots.c.bot)
+
+
+def bucket(bots: Table, *, bot: str) -> Select[Any]:
+    """The rate limiter's row, locked for the rest of the transaction (FOR UPDATE on
+    PostgreSQL; SQLite's transaction holds the one write lock already)."""
+    b = bots.c
+    return (
+        select(b.rate_per_second, b.tokens, b.refilled_at)
+        .where(b.bot == bot, b.rate_per_second.is_not(None))
+        .with_for_update()
+    )
+
+
+def spend_tokens(bots: Table, *, bot: str, tokens: float, at: int) -> Update:
+    return update(bots).where(bots.c.bot == bot).values(tokens=tokens, refilled_at=at)
+
+
+def return_tokens(bots: Table, *, bot: str, count: int) -> Update:
+    """Give back tokens taken for attempts that did not start (never over a second's worth)."""
+    b = bots.c
+    full = capacity(bots)
+    refunded = b.tokens + count
+    return (
+        update(bots)
+        .where(b.bot == bot, b.rate_per_second.is_not(None))
+        .values(tokens=case((refunded > full, full), else_=refunded))
+    )
+
+
+def capacity(bots: Table) -> ColumnElement[float]:
+    """The bucket holds a second's worth of tokens, and never less than one."""
+    rate = bots.c.rate_per_second
+    return case((rate > 1.0, rate), else_=literal(1.0))
+
+
+def report_breaker(bots: Table, upsert: Upsert, *, bot: str, state: str, at: int) -> Insert:
+    row = {"bot": bot, "breaker": state, "breaker_at": at}
+    return _upsert(bots, upsert, row, {"breaker": state, "breaker_at": at})
+
+
+def ensure_bot(bots: Table, upsert: Upsert, *, bot: str) -> Insert:
+    """The bot's row, made with defaults if it has none (so that it can be locked)."""
+    insert = upsert(bots)
+    statement: Insert = insert.values(bot=bot).on_conflict_do_nothing(index_elements=[bots.c.bot])
+    return statement
+
+
+def breaker_of(bots: Table, *, bot: str) -> Select[Any]:
+    """The shared breaker state, locked for the transaction that changes it."""
+    return select(bots.c.breaker).where(bots.c.bot == bot).with_for_update()
+
+
+def breaker_event(
+    before: str | None, after: str
+) -> Literal["breaker.opened", "breaker.closed"] | None:
+    """The event a change of the shared breaker state makes, if any: half-open is a probe
+    within an open episode, not an episode of its own."""
+    was_open = before in ("open", "half_open")
+    if after == "open" and not was_open:
+        return "breaker.opened"
+    if after == "closed" and was_open:
+        return "breaker.closed"
+    return None
+
+
+def paused(t: Table, bots: Table) -> ColumnElement[bool]:
+    """The row's bot is paused: no claim may start an attempt for it."""
+    b = bots.c
+    return select(b.bot).where(b.bot == t.c.bot, b.paused_at.is_not(None)).exists()
+
+
+def park(t: Table, *, identity: ClaimIdentity, at: int, reason: str) -> Update:
+    """End the attempt of `identity`, leased (live or lapsed) or waiting for its retry, as an
+    exhaustion: terminal, so its chat moves on; kept until acknowledged, delivered to
+    exhaustion_url like any other. A live attempt's late settle finds no lease to match."""
+    return (
+        update(t)
+        .where(identity_is(t, identity), in_state(t.c.state, "processing", "failed"))
+        .values(
+            state="abandoned",
+            exhausted_at=at,
+            due_at=at,
+            settled_at=None,
+            error=f"parked: {reason}",
+            delivery_due_at=at,
+        )
+        .returning(*transition_returning(t))
+    )
+
+
+def update_state(t: Table, *, bot: str, update_id: int) -> Select[Any]:
+    return select(t.c.state, t.c.attempts, t.c.claim_id).where(
+        t.c.bot == bot, t.c.update_id == update_id
+    )
+
+
+def record_action(audit: Table, **values: Any) -> Insert:
+    return insert(audit).values(**values).returning(audit.c.id)
+
+
+def record_action_bots(audit_bots: Table, audit_id: int, bots: Sequence[str]) -> Insert:
+    return insert(audit_bots).values([{"audit_id": audit_id, "bot": bot} for bot in bots])

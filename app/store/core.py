@@ -1,0 +1,387 @@
+"""The store's footing: the live schema's capability, argument checks, and the transactions
+every method runs its statements in (through the database's `Backend`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import Row, Table, Update, inspect, literal, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.expression import Executable
+
+from app.store import history, validate
+from app.store.backends.backend import Backend, History
+from app.store.backends.postgres import PostgresBackend
+from app.store.backends.sqlite import SqliteBackend
+from app.store.control import statements as control
+from app.store.engine import translated_errors
+from app.store.errors import UPGRADE_HINT, SchemaError
+from app.store.events import statements as events
+from app.store.schema import (
+    DEFAULT_TABLE,
+    HEAD,
+    Revision,
+    attempts_table_name,
+    audit_bots_table_name,
+    audit_table_name,
+    bots_table_name,
+    events_table_name,
+    make_metadata,
+    revision_of,
+    sessions_table_name,
+)
+from app.store.types import (
+    Abandoned,
+    Capability,
+    ClaimIdentity,
+    Completed,
+    EventType,
+    Failed,
+    HandedBack,
+    Settlement,
+)
+
+_LEVELS: dict[Capability, int] = {"base": 0, "fenced": 1, "durable": 2}
+
+
+_BASE_COLUMNS = frozenset(make_metadata(revision="0001").tables[DEFAULT_TABLE].c.keys())
+
+
+def capability_of(revision: Revision) -> Capability:
+    """What a table at `revision` serves. Fenced and durable bots need the head revision: a
+    table below it serves `plain` bots until `alembic upgrade head` (one code path per level,
+    not one per revision)."""
+    return "durable" if revision == HEAD else "base"
+
+
+def _inspect(connection: Connection, table: str) -> Revision:
+    inspector = inspect(connection)
+    if not inspector.has_table(table):
+        raise SchemaError(f"table {table!r} does not exist; {UPGRADE_HINT}")
+    columns = {column["name"] for column in inspector.get_columns(table)}
+    missing = _BASE_COLUMNS - columns
+    if missing:
+        raise SchemaError(f"table {table!r} lacks {sorted(missing)}; {UPGRADE_HINT}")
+    # The tables of the connection's default schema: where an unqualified name resolves.
+    return revision_of(columns, set(inspector.get_table_names()), table)
+
+
+async def read_revision(engine: AsyncEngine, table: str) -> Revision:
+    """The revision of the live schema, by the table's columns and the tables beside it;
+    SchemaError when the table is missing or incomplete."""
+    with translated_errors(table):
+        async with engine.connect() as connection:
+            return await connection.run_sync(_inspect, table)
+
+
+async def read_capability(engine: AsyncEngine, table: str) -> Capability:
+    """The highest level the live table serves; SchemaError when it is missing or incomplete."""
+    return capability_of(await read_revision(engine, table))
+
+
+def check_settlement(value: Settlement) -> Settlement:
+    if not isinstance(value, Completed | Failed | Abandoned | HandedBack):
+        raise ValueError(f"settlement {value!r} is not Completed, Failed, Abandoned or HandedBack")
+    return value
+
+
+def check_identity(value: ClaimIdentity) -> ClaimIdentity:
+    if not isinstance(value, ClaimIdentity):
+        raise ValueError(f"identity {value!r} is not a ClaimIdentity")
+    return value
+
+
+def check_lease(now: int, lease_until: int) -> tuple[int, int]:
+    validate.millis("now", now)
+    validate.millis("lease_until", lease_until)
+    if lease_until <= now:
+        raise ValueError(f"lease_until {lease_until} is not after now {now}: a lease is positive")
+    return now, lease_until
+
+
+def check_bots(bots: Sequence[str] | None) -> list[str] | None:
+    if bots is None:
+        return None
+    if isinstance(bots, str):
+        raise ValueError(f"bots {bots!r} must be a sequence of bot names, not one string")
+    return [validate.bot_name(bot) for bot in bots]
+
+
+MAX_REASON = 500
+
+
+def check_actor(by: Any) -> str:
+    """The name an action is recorded under: an API key's name, or the CLI's user."""
+    if not isinstance(by, str) or not 0 < len(by) <= 200:
+        raise ValueError(f"by {by!r} is not a name of 1 to 200 characters")
+    return by
+
+
+def check_reason(reason: Any) -> str | None:
+    if reason is None:
+        return None
+    reason = validate.text("reason", reason).strip()
+    if len(reason) > MAX_REASON:
+        raise ValueError(f"reason is over {MAX_REASON} characters")
+    return reason or None
+
+
+class SqlCore:
+    """What every method stands on: the table, the live capability, the backend, and the
+    kinds of transaction a statement runs in."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: str,
+        revision: Revision,
+        *,
+        history: bool = True,
+        worker: str | None = None,
+        events: bool = False,
+    ) -> None:
+        """`engine` as `create_store_engine` makes it (on PostgreSQL: AUTOCOMMIT). `history`:
+        record every attempt (revision 0004), as run by `worker` (default: host:pid).
+        `events`: record the operational events (revision 0004; `operations_url` set)."""
+        self.keeps_history = history
+        self.records_events = events
+        self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
+        self._tables(table, revision)
+        # Per bot filter: the next chat claim's window and the claims left to skip it
+        # (`app.store.claims.chat_order.next_window`).
+        self._chat_windows: dict[tuple[str, ...] | None, tuple[int, int]] = {}
+        self.revision: Revision = revision
+        self._capability: Capability = capability_of(revision)
+        self._backend: Backend = (
+            SqliteBackend(engine) if engine.dialect.name == "sqlite" else PostgresBackend(engine)
+        )
+        # Public, and what `transaction` opens: a real transaction on either backend.
+        self.engine = self._backend.transactions
+        self._backend.prepare(self.table, self.wake_channel, self._history(), self._outbox())
+
+    def _tables(self, table: str, revision: Revision) -> None:
+        tables = make_metadata(table, revision).tables
+        self.table: Table = tables[table]
+        # The operator tables of revision 0004 (None below it).
+        self.attempts_table: Table | None = tables.get(attempts_table_name(table))
+        self.bots_table: Table | None = tables.get(bots_table_name(table))
+        self.audit_table: Table | None = tables.get(audit_table_name(table))
+        self.events_table: Table | None = tables.get(events_table_name(table))
+        # Revision 0005's (None below it): the bots of audit entries, the console's sessions.
+        self.audit_bots_table: Table | None = tables.get(audit_bots_table_name(table))
+        self.sessions_table: Table | None = tables.get(sessions_table_name(table))
+
+    def _history(self) -> History | None:
+        if self.attempts_table is None or not self.keeps_history:
+            return None
+        return History(self.attempts_table, self.worker)
+
+    def _outbox(self) -> Table | None:
+        """The events table, when this store records operational events."""
+        return self.events_table if self.records_events else None
+
+    async def _emit(
+        self, connection: AsyncConnection, made: Sequence[tuple[EventType, int, dict[str, Any]]]
+    ) -> None:
+        """Write operational events (type, epoch ms, data) in the caller's transaction, so
+        they are sent if and only if what they tell of commits; nothing when events are off."""
+        outbox = self._outbox()
+        if outbox is not None and made:
+            await connection.execute(events.record(outbox, made))
+
+    @property
+    def capability(self) -> Capability:
+        return self._capability
+
+    @property
+    def dialect(self) -> str:
+        return self._backend.name
+
+    async def close(self) -> None:
+        await self._backend.close()
+        await self.engine.dispose()
+
+    async def refresh_capability(self) -> Capability:
+        """Read the live schema again (after `alembic upgrade head` on a running service)."""
+        self.revision = await read_revision(self.engine, self.table.name)
+        self._capability = capability_of(self.revision)
+        self._tables(self.table.name, self.revision)
+        self._backend.prepare(self.table, self.wake_channel, self._history(), self._outbox())
+        return self._capability
+
+    def _needing(self, table: Table | None, feature: str, revision: Revision) -> Table:
+        """`table`, one of those `revision` adds; SchemaError naming the upgrade when the live
+        schema is below it."""
+        if table is None:
+            raise SchemaError(
+                f"{feature} needs revision {revision} but table {self.table.name!r} is at "
+                f"revision {self.revision}; {UPGRADE_HINT}"
+            )
+        return table
+
+    def require(self, level: Capability, feature: str) -> None:
+        """Stop with SchemaError when the live schema is below `level`."""
+        if _LEVELS[self._capability] < _LEVELS[level]:
+            raise SchemaError(
+                f"{feature} needs a {level} store but table {self.table.name!r} is at "
+                f"revision {self.revision} ({self._capability}); {UPGRADE_HINT}"
+            )
+
+    @property
+    def wake_channel(self) -> str:
+        """The PostgreSQL channel notified by every commit that adds updates."""
+        return f"{self.table.name}_added"
+
+    async def ping(self) -> None:
+        async with self._read() as connection:
+            await connection.execute(select(literal(1)))
+
+    async def database_time(self) -> int:
+        """The database's clock, epoch ms. SQLite's file is on this host: its clock is ours."""
+        with translated_errors(self.table.name):
+            return await self._backend.database_time()
+
+    async def listen(
+        self, wake: Callable[[], None], *, listening: asyncio.Event | None = None
+    ) -> None:
+        """Call `wake` on every commit of another process that adds updates (PostgreSQL
+        LISTEN), until cancelled; returns at once on SQLite."""
+        await self._backend.listen(wake, listening=listening)
+
+    async def announce(self) -> None:
+        """Wake the workers of other processes now (the NOTIFY that `add_many` sends on its
+        own); a no-op on SQLite, which has no listeners."""
+        with translated_errors(self.table.name):
+            await self._backend.announce()
+
+    # -- transactions --------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        """One write. On SQLite a transaction (BEGIN IMMEDIATE); on PostgreSQL the connection
+        autocommits, so each statement is its own transaction: a method that needs several
+        statements to commit together must use `transaction()` instead."""
+        with translated_errors(self.table.name):
+            async with self._backend.write() as connection:
+                yield connection
+
+    async def _changed(self, statement: Executable) -> bool:
+        """Run one transition in its own write transaction; whether it matched a row."""
+        async with self._write() as connection:
+            return (await connection.execute(statement)).first() is not None
+
+    async def _ended(
+        self,
+        statement: Update,
+        identity: ClaimIdentity,
+        *,
+        event: Callable[[Row[Any]], tuple[EventType, int, dict[str, Any]]] | None = None,
+        **end: Any,
+    ) -> bool:
+        """Run a transition that ends the attempt of `identity` and, when it matched, end that
+        attempt in its history (`history.ended`, with `end`), both in one write, and write
+        the `event` the matched row makes (when events are on) in the same transaction;
+        whether it matched."""
+        follow = None
+        if self.attempts_table is not None and self.keeps_history:
+            follow = history.ended(self.attempts_table, identity, **end)
+        if event is None or self._outbox() is None:
+            async with self._write() as connection:
+                return await self._backend.transition(connection, statement, follow) is not None
+        async with self.transaction() as connection:
+            row = await self._backend.transition(connection, statement, follow)
+            if row is not None:
+                await self._emit(connection, [event(row)])
+        return row is not None
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        with translated_errors(self.table.name):
+            async with self._backend.read() as connection:
+                yield connection
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction for the caller's own statements in this database, committed on
+        exit. Pass it to `owns(..., connection=)` to make the check and a domain write atomic;
+        on SQLite it holds the write lock from its start. Call no other store method inside
+        it: they would wait for this very transaction. Database errors raised inside it,
+        the caller's own included, arrive as store errors."""
+        with translated_errors(self.table.name):
+            async with self._backend.transaction() as connection:
+                yield connection
+
+    async def refresh_statistics(
+        self, *, min_changes: int = 1000, min_age_seconds: float = 10.0
+    ) -> bool:
+        """The planner's statistics, gathered again once `min_changes` rows were written since the
+        last time, at most once every `min_age_seconds` across the cluster (the age is the
+        database's) unless the table has since seen more writes than it had rows. A table filled by
+        the intake after a quiet period (or from empty) has statistics that say it holds no open
+        rows; the claim and settle statements then plan for a handful and read thousands, until
+        autovacuum's next analyze, up to a minute and more away. Cheap when nothing is due: one read
+        of the database's own counters."""
+        validate.positive("min_changes", min_changes)
+        if not min_age_seconds >= 0:
+            raise ValueError(f"min_age_seconds {min_age_seconds!r} is not a duration")
+        async with self._read() as connection:
+            age = await self._backend.statistics_age(connection, self.table)
+        if age is not None:
+            changes, seconds, rows = age
+            # A table that has seen more writes than it had rows (gathered while empty, say,
+            # as a worker starting before the first burst does) does not wait for the age.
+            if changes < min_changes or (seconds < min_age_seconds and changes <= rows):
+                return False
+        async with self.transaction() as connection:
+            if not await self._backend.exclusive(connection, self.table, "analyze"):
+                return False
+            await self._backend.analyze(connection, self.table)
+        return True
+
+    def _operator_tables(self, feature: str) -> tuple[Table, Table, Table]:
+        if self.bots_table is None or self.audit_table is None or self.attempts_table is None:
+            raise SchemaError(
+                f"{feature} needs revision 0004 (operator control) but table "
+                f"{self.table.name!r} is at revision {self.revision}; {UPGRADE_HINT}"
+            )
+        return self.bots_table, self.audit_table, self.attempts_table
+
+    async def _record(
+        self,
+        connection: AsyncConnection,
+        *,
+        at: int,
+        by: str,
+        action: str,
+        target: str,
+        bots: Sequence[str] | None,
+        detail: dict[str, Any] | None = None,
+        matched: int | None = None,
+        changed: int | None = None,
+    ) -> None:
+        """Write one audit entry in the acting transaction, with the bots it concerns (None:
+        every bot, as a filter that names none)."""
+        _, audit, _ = self._operator_tables("the audit log")
+        statement = control.record_action(
+            audit,
+            at=at,
+            key_name=by,
+            action=action,
+            target=target,
+            detail=None if detail is None else json.dumps(detail, sort_keys=True),
+            matched=matched,
+            changed=changed,
+        )
+        entry = (await connection.execute(statement)).scalar_one()
+        # Below revision 0005 (an old table a newer process writes during an upgrade) the entry
+        # concerns no bot: it is shown only to keys of every bot, never too widely.
+        if bots and self.audit_bots_table is not None:
+            records = control.record_action_bots(self.audit_bots_table, entry, sorted(set(bots)))
+            await connection.execute(records)

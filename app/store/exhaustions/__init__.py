@@ -1,0 +1,2 @@
+"""Exhaustions, kept until their exact acknowledgement, and the bulk actions over them:
+`roles`, `statements`, `methods`, `conformance`."""

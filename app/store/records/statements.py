@@ -1,0 +1,92 @@
+"""Every statement of recording: add many updates in one statement, tell the new ones, prune
+what is delivered and old. Each builder is named after the store method that runs it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Insert,
+    Select,
+    Table,
+    Text,
+    and_,
+    delete,
+    literal_column,
+    select,
+    true,
+    tuple_,
+)
+from sqlalchemy.sql.dml import ReturningDelete
+from sqlalchemy.sql.expression import FromClause
+
+from app.store.predicates import (
+    Upsert,
+    in_state,
+)
+from app.store.schema import QUEUE_RULE
+
+KEY_COLUMNS = {"bot": Text, "update_id": BigInteger}
+
+
+ADD_COLUMNS = {
+    **KEY_COLUMNS,  # first: a batch's derived table of the keys alone reads the same rows
+    "body": Text,
+    "update_type": Text,
+    "queue_key": Text,
+    "received_at": BigInteger,
+}
+
+
+def add_many(t: Table, batch: FromClause, upsert: Upsert) -> Insert:
+    """`add_many`'s INSERT of a batch of rows (`batch`, a derived table of ADD_COLUMNS: each
+    backend's own) as pending: existing keys are skipped (duplicates within the batch too, the
+    first one kept). Which keys were new, each backend tells its own way: PostgreSQL by
+    RETURNING, SQLite by the count it inserted (and `sqlite_statements.inserted` when some
+    were not new)."""
+    columns = ADD_COLUMNS
+    # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
+    values = [
+        *(batch.c[name] for name in columns),
+        literal_column("'pending'"),
+        literal_column("0"),
+        batch.c.received_at,
+    ]
+    names = [*columns, "state", "attempts", "due_at"]
+    if "queue_rule" in t.c:  # revision 0006: the keys are Telegram's queues (app.queues)
+        values.append(literal_column(str(QUEUE_RULE)))
+        names.append("queue_rule")
+    # SQLite reads ON CONFLICT after a SELECT with no WHERE as a join's ON.
+    source = select(*values).where(true())
+    inserted = upsert(t).from_select(names, source)
+    statement: Insert = inserted.on_conflict_do_nothing(index_elements=[t.c.bot, t.c.update_id])
+    return statement
+
+
+def recorded(t: Table, batch: FromClause) -> Select[Any]:
+    """The keys of a batch (`batch`, a derived table of KEY_COLUMNS) already recorded: one
+    primary-key lookup per row of the batch."""
+    on = and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id)
+    return select(t.c.bot, t.c.update_id).select_from(batch.join(t, on))
+
+
+def prune(t: Table, *, before: int, limit: int) -> ReturningDelete[Any]:
+    """Delete up to `limit` prunable rows: a bounded batch, so that no prune holds a lock (on
+    SQLite: the one write lock) for longer than one batch takes."""
+    # The rule is settled_at < before; due_at == settled_at on terminal rows lets the
+    # (state, due_at) index bound the scan. Exhaustions keep settled_at NULL until acknowledged.
+    prunable = (
+        select(t.c.bot, t.c.update_id)
+        .where(
+            in_state(t.c.state, "completed", "abandoned"),
+            t.c.due_at < before,
+            t.c.settled_at < before,
+        )
+        .limit(limit)
+    )
+    return (
+        delete(t)
+        .where(tuple_(t.c.bot, t.c.update_id).in_(prunable))
+        .returning(t.c.bot, t.c.update_id)
+    )

@@ -1,0 +1,1 @@
+"""Settling attempts: `roles`, `statements`, `methods`, `conformance`."""

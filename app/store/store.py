@@ -1,0 +1,76 @@
+"""The store over SQLAlchemy Core, written once for SQLite and PostgreSQL: one class composed
+flat from each family's methods, every one standing on `SqlCore` (`app.store.core`: the
+schema, the checks, the transactions) and nothing else.
+
+Statements come from each family's `statements`; the store checks arguments, runs each
+statement in the right kind of transaction and maps rows to the types of `app.store.types`.
+What the two databases do differently is each one's `Backend` (`app.store.backends`).
+"""
+
+from __future__ import annotations
+
+from app.store import validate
+from app.store.claims.methods import ClaimMethods
+from app.store.control.methods import ControlMethods
+from app.store.core import read_capability, read_revision
+from app.store.engine import create_store_engine
+from app.store.events.methods import EventMethods
+from app.store.exhaustions.methods import ExhaustionMethods
+from app.store.polling.methods import PollingMethods
+from app.store.records.methods import RecordMethods
+from app.store.schema import DEFAULT_TABLE
+from app.store.sessions.methods import SessionMethods
+from app.store.settles.methods import SettleMethods
+from app.store.views.methods import ViewMethods
+
+__all__ = ["SqlUpdateStore", "open_store", "read_capability"]
+
+
+class SqlUpdateStore(
+    RecordMethods,
+    ClaimMethods,
+    SettleMethods,
+    ExhaustionMethods,
+    ControlMethods,
+    ViewMethods,
+    EventMethods,
+    PollingMethods,
+    SessionMethods,
+):
+    """A durable store on SQLite or PostgreSQL; `capability` follows the live schema. Each
+    family's methods stand on `SqlCore` alone: none calls another family's."""
+
+
+async def open_store(
+    url: str,
+    *,
+    table: str = DEFAULT_TABLE,
+    pool_size: int = 10,
+    statement_timeout_ms: int = 0,
+    lock_timeout_ms: int = 0,
+    pgbouncer: bool = False,
+    listen_url: str | None = None,
+    history: bool = True,
+    worker: str | None = None,
+    events: bool = False,
+) -> SqlUpdateStore:
+    """Open a store on a migrated database; `capability` is read from the live schema. On
+    PostgreSQL, nonzero timeouts bound every statement of its connections (a statement past
+    either raises StoreUnavailable). `pgbouncer`: `url` is PgBouncer in transaction pooling
+    mode; `listen_url`: a direct URL for the wake-ups' LISTEN (see
+    `app.store.backends.postgres`)."""
+    validate.table_name(table)
+    engine = create_store_engine(
+        url,
+        pool_size=pool_size,
+        statement_timeout_ms=statement_timeout_ms,
+        lock_timeout_ms=lock_timeout_ms,
+        pgbouncer=pgbouncer,
+        listen_url=listen_url,
+    )
+    try:
+        revision = await read_revision(engine, table)
+    except BaseException:
+        await engine.dispose()
+        raise
+    return SqlUpdateStore(engine, table, revision, history=history, worker=worker, events=events)

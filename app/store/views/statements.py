@@ -1,0 +1,173 @@
+"""Every statement of what operators read: one update, counts by bot and state, the search with
+its cursor, activity by time slot, and the audit log (within some bots)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Table,
+    case,
+    exists,
+    func,
+    literal,
+    literal_column,
+    select,
+    tuple_,
+    union_all,
+)
+
+from app.store.predicates import (
+    in_state,
+    key_is,
+    unacknowledged,
+)
+from app.store.types import (
+    SearchCursor,
+    UpdateFilter,
+)
+
+
+def get_update(t: Table, *, bot: str, update_id: int) -> Select[Any]:
+    return select(t).where(key_is(t, bot, update_id))
+
+
+def stats(t: Table) -> Select[Any]:
+    """Per bot and state: rows, the oldest receipt, and (revision 0002) open exhaustions."""
+    columns: list[Any] = [
+        t.c.bot,
+        t.c.state,
+        func.count().label("rows"),
+        func.min(t.c.received_at).label("oldest"),
+    ]
+    if "exhausted_at" in t.c:
+        open_exhaustion = case((unacknowledged(t), 1), else_=0)
+        columns.append(func.sum(open_exhaustion).label("unacknowledged"))
+    return select(*columns).group_by(t.c.bot, t.c.state).order_by(t.c.bot, t.c.state)
+
+
+SUMMARY = (
+    "bot",
+    "update_id",
+    "state",
+    "attempts",
+    "update_type",
+    "queue_key",
+    "received_at",
+    "due_at",
+    "settled_at",
+    "error",
+    "claim_id",
+    "exhausted_at",
+    "acknowledged_at",
+)
+
+
+def search_updates(
+    t: Table, chosen: UpdateFilter, *, after: SearchCursor | None, limit: int
+) -> Select[Any]:
+    """Rows matching `chosen`, newest first: (received_at, bot, update_id) descending, after the
+    cursor. One branch per bot, each an ordered walk of the index its filters pick
+    (`ix_received`, `ix_chat`, `ix_type`) that stops at `limit`, merged: the cost follows the
+    page, not the table. With `contains`, `limit` rows are read and each says whether its body
+    holds the text (`hit`): the caller pages through a bounded window at a time."""
+    branches = []
+    for bot in chosen.bots:
+        rules: list[ColumnElement[bool]] = [t.c.bot == bot]
+        if chosen.state is not None:
+            rules.append(in_state(t.c.state, chosen.state))
+        if chosen.chat is not None:
+            rules.append(t.c.queue_key == chosen.chat)
+        if chosen.update_type is not None:
+            rules.append(t.c.update_type == chosen.update_type)
+        if chosen.received_after is not None:
+            rules.append(t.c.received_at >= chosen.received_after)
+        if chosen.received_before is not None:
+            rules.append(t.c.received_at < chosen.received_before)
+        if after is not None:
+            rules.append(_after(t, bot, after))
+        hit = (
+            t.c.body.contains(chosen.contains, autoescape=True)
+            if chosen.contains is not None
+            else literal(True)
+        )
+        branch = (
+            select(*(t.c[name] for name in SUMMARY), hit.label("hit"))
+            .where(*rules)
+            .order_by(t.c.received_at.desc(), t.c.update_id.desc())
+            .limit(limit)
+        )
+        branches.append(branch.subquery().select())
+    merged = (
+        union_all(*branches).subquery("found")
+        if len(branches) > 1
+        else branches[0].subquery("found")
+    )
+    return (
+        select(merged)
+        .order_by(merged.c.received_at.desc(), merged.c.bot.desc(), merged.c.update_id.desc())
+        .limit(limit)
+    )
+
+
+def activity(t: Table, *, bots: Sequence[str], since: int, slot_ms: int) -> Any:
+    """Per bot and slot of `slot_ms` from `since`: rows received (a range of `ix_received`) and
+    rows completed (a range of `ix_state_due`: a terminal row's due_at is its settlement)."""
+    names = list(bots)
+    received = (
+        select(
+            t.c.bot,
+            ((t.c.received_at - since) // slot_ms).label("slot"),
+            func.count().label("received"),
+            literal(0).label("delivered"),
+        )
+        .where(t.c.bot.in_(names), t.c.received_at >= since)
+        .group_by(t.c.bot, literal_column("slot"))
+    )
+    delivered = (
+        select(
+            t.c.bot,
+            ((t.c.due_at - since) // slot_ms).label("slot"),
+            literal(0).label("received"),
+            func.count().label("delivered"),
+        )
+        .where(in_state(t.c.state, "completed"), t.c.due_at >= since, t.c.bot.in_(names))
+        .group_by(t.c.bot, literal_column("slot"))
+    )
+    return union_all(received, delivered)
+
+
+def _after(t: Table, bot: str, cursor: SearchCursor) -> ColumnElement[bool]:
+    """Rows of `bot` after the cursor in the order (received_at, bot, update_id) descending."""
+    received_at, last_bot, update_id = cursor
+    if bot < last_bot:
+        return t.c.received_at <= received_at
+    if bot > last_bot:
+        return t.c.received_at < received_at
+    return tuple_(t.c.received_at, t.c.update_id) < tuple_(received_at, update_id)
+
+
+def audit_log(
+    audit: Table,
+    audit_bots: Table | None,
+    *,
+    after: int | None,
+    limit: int,
+    bots: Sequence[str] | None,
+) -> Select[Any]:
+    """Newest first; `after` is the id the previous page ended at. With `bots`, only the
+    entries that concern some bot and no bot outside them: an entry of several bots is shown
+    only to a key that may see all of them, and one of every bot (a filter that named none)
+    only to a key of every bot."""
+    statement = select(audit).order_by(audit.c.id.desc()).limit(limit)
+    if after is not None:
+        statement = statement.where(audit.c.id < after)
+    if bots is None:
+        return statement
+    assert audit_bots is not None, "the store checks for revision 0005"
+    concerned = audit_bots.c.audit_id == audit.c.id
+    outside = exists().where(concerned, audit_bots.c.bot.not_in(list(bots)))
+    return statement.where(exists().where(concerned), ~outside)
