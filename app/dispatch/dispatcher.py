@@ -198,7 +198,7 @@ class Dispatcher:
         self._pollers = [
             Poller(
                 self._store,
-                self._clock,
+                self._clock.now,
                 self._settings,
                 lane.bot,
                 self._metrics,

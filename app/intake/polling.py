@@ -24,7 +24,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
@@ -35,9 +35,6 @@ from app.intake.updates import classify
 from app.metrics import Metrics
 from app.store import NewUpdate, StoreError, validate
 from app.store.polling.roles import Polling
-
-if TYPE_CHECKING:  # the dispatcher imports this module: its clock is a type here only
-    from app.dispatch.clock import DatabaseClock
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +54,7 @@ class Poller:
     def __init__(
         self,
         store: Polling,
-        clock: DatabaseClock,
+        now: Callable[[], int],
         settings: Settings,
         bot: BotSettings,
         metrics: Metrics,
@@ -66,7 +63,7 @@ class Poller:
         lease_seconds: float = LEASE_SECONDS,
     ) -> None:
         self._store = store
-        self._clock = clock
+        self._now = now  # the database's clock, as every lease is judged
         self._settings = settings
         self.bot = bot
         self._meters = metrics.polling(bot.name)
@@ -108,7 +105,7 @@ class Poller:
                     await asyncio.sleep(_backoff(failures))
 
     async def _take(self) -> int | None:
-        now = self._clock.now()
+        now = self._now()
         return await self._store.take_poller(
             self.bot.name, holder=self.holder, now=now, lease_until=now + self._lease_ms
         )
@@ -150,7 +147,7 @@ class Poller:
         self._meters.updates.inc(len(rows))
         following = max(row.update_id for row in rows) + 1
         added = await self._store.record_polled(
-            bot.name, rows, holder=self.holder, now=self._clock.now(), offset=following
+            bot.name, rows, holder=self.holder, now=self._now(), offset=following
         )
         if added is None:
             raise LeaseLost
@@ -169,7 +166,7 @@ class Poller:
         out (Telegram's own answers never hold one)."""
         if not isinstance(answer, list):
             raise bot_api.BotApiError("getUpdates: the result is not a list of updates")
-        now = self._clock.now()
+        now = self._now()
         rows = []
         for update in answer:
             try:
