@@ -30,6 +30,7 @@ from app.bot_settings import BotOptions, BotSettings, check_signing_secret
 from app.logs import LogFormat
 from app.store import validate
 from app.store.engine import normalise_url
+from app.store.lifecycle import Lifecycle
 from app.store.schema import DEFAULT_TABLE
 from app.webhook_rules import is_local_bot_api, max_connections_problem
 
@@ -284,6 +285,12 @@ class Settings(BaseSettings, BotOptions):
 
     def bot(self, name: str) -> BotSettings | None:
         return next((bot for bot in self.bots if bot.name == name), None)
+
+    def check_schema(self, store: Lifecycle) -> None:
+        """Refuse to serve a bot whose mode the live schema cannot carry: SchemaError naming
+        the bot, its mode and `alembic upgrade head` (docs/design.md decision 1)."""
+        for bot in self.bots:
+            store.require(bot.capability, bot.needs)
 
 
 def describe(error: ValidationError) -> str:

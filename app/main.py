@@ -13,7 +13,6 @@ from starlette.types import ASGIApp
 
 from app import __version__, api, console
 from app.api import Services, health
-from app.api.health import check_capability
 from app.api.leases import LeaseChecks, LeaseRenewals
 from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
@@ -45,7 +44,7 @@ def create_app(
         async with AsyncExitStack() as stack:
             store = await open_store(settings.database_url, **settings.store_options())
             stack.push_async_callback(store.close)
-            check_capability(settings, store)
+            settings.check_schema(store)
             dispatcher: Dispatcher | None = None
             if workers:
                 dispatcher = await stack.enter_async_context(

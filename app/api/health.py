@@ -14,19 +14,12 @@ from fastapi.responses import JSONResponse
 
 from app.api.deps import REFUSALS, Viewer
 from app.api_keys import ApiKey
-from app.config import Settings
 from app.http.keys import API_KEY_SCOPE
 from app.metrics import CONTENT_TYPE, Metrics
 from app.store import OperatorStore, SchemaError, StoreError
 from app.store.errors import UPGRADE_HINT
 
 router = APIRouter(tags=["operations"])
-
-
-def check_capability(settings: Settings, store: OperatorStore) -> None:
-    """Refuse to serve a bot whose mode the live schema cannot carry."""
-    for bot in settings.bots:
-        store.require(bot.capability, bot.needs)
 
 
 @router.get("/healthz")
@@ -59,7 +52,7 @@ async def _readiness(request: Request, key: ApiKey | None) -> dict[str, str]:
     store: OperatorStore = request.app.state.store
     try:
         await store.ping()
-        check_capability(request.app.state.settings, store)
+        request.app.state.settings.check_schema(store)
     except SchemaError:
         problem = f"the database schema is below what the bots need; {UPGRADE_HINT}"
         return {"status": "unavailable", "error": problem}
