@@ -86,8 +86,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist with `--dist loadgroup` (the test command), the slow tests (real
     processes, measured deadlines and memory, the chaos run's own PostgreSQL) run one after
     another in one worker, as they would alone, while the other workers share the rest. A
-    slow test with a group of its own (a framework's bot behind the service, which measures
-    nothing) keeps it, and runs beside them."""
+    slow test that measures nothing (a framework's bot behind the service, the model test,
+    query plans, packaging, the command line's processes) has a group of its own, keeps it,
+    and runs beside them: the serial group is the suite's longest chain."""
     for item in items:
         grouped = item.get_closest_marker("xdist_group") is not None
         if item.get_closest_marker("slow") is not None and not grouped:

@@ -430,6 +430,7 @@ class Container:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("deployment")  # untimed: not in the serial group
 def test_the_build_stage_installs_the_lock_and_the_image_runs_on_it(tmp_path: Path) -> None:
     """The build stage's commands, run here with the Dockerfile's Python: the lock installs
     with its hashes, and in the final stage's environment (the build's virtualenv and /app)

@@ -61,6 +61,7 @@ def test_every_module_of_app_imports_first() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("packaging")  # untimed: not in the serial group
 def test_an_installed_wheel_migrates_without_the_checkout(tmp_path: Path) -> None:
     wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -26,7 +26,10 @@ from app.store import open_store
 from tests.api.conftest import API_KEYS, BOTS, KEY, bearer, now_ms, update_body
 from tests.conftest import Storage, serve_asgi
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("schemathesis"),
+]  # untimed: not in the serial group
 
 
 class Served:

@@ -18,7 +18,9 @@ from tests.conftest import Storage, table_rows
 from tests.downstream import message, now_ms
 from tests.processes import free_port, processes
 
-pytestmark = pytest.mark.slow  # each test runs the command line as real processes
+# Each test runs the command line as real processes; none is timed, so they run beside the
+# timed ones rather than in their serial group.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli-processes")]
 
 
 def cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

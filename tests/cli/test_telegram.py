@@ -18,7 +18,9 @@ from app.cli.telegram import describe_webhook
 from app.fake_bot_api import TOKEN, FakeBotApi
 from tests.conftest import serve_asgi
 
-pytestmark = pytest.mark.slow  # each test runs the command line as real processes
+# Each test runs the command line as real processes; none is timed, so they run beside the
+# timed ones rather than in their serial group.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli-processes")]
 
 SECRET = "webhook-secret_token"
 

@@ -497,6 +497,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.slow  # 60 examples of 40 steps a backend: about 25 s
+@pytest.mark.xdist_group("store-model")  # untimed: not in the serial group
 def test_store_matches_the_model(storage: Storage) -> None:
     loop = asyncio.new_event_loop()
     try:

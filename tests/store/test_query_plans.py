@@ -205,6 +205,7 @@ KEY_LOOKUP = {
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("query-plans")  # untimed: not in the serial group
 async def test_statements_use_indexes_with_a_million_retained_rows(storage: Storage) -> None:
     store = await open_store(storage.url())
     try:
