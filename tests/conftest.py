@@ -214,7 +214,20 @@ def table_locked(
     until the block ends: every statement on it waits."""
     schema = make_url(url).query["options"].removeprefix("-csearch_path=")
     with psycopg.connect(admin.info.dsn) as locker:
-        locker.execute(f"LOCK TABLE {schema}.{table} IN ACCESS EXCLUSIVE MODE")
+        # A session that never lets go of the table would hang the test until its timeout;
+        # instead it fails here, naming who held the table and what they ran.
+        locker.execute("SET lock_timeout = '30s'")
+        try:
+            locker.execute(f"LOCK TABLE {schema}.{table} IN ACCESS EXCLUSIVE MODE")
+        except psycopg.errors.LockNotAvailable as error:
+            locker.rollback()
+            holders = admin.execute(
+                "SELECT a.pid, a.state, a.xact_start, left(a.query, 200), l.mode"
+                " FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                " WHERE l.relation = %s::regclass AND l.granted",
+                [f"{schema}.{table}"],
+            ).fetchall()
+            raise AssertionError(f"the table stayed held for 30 s by {holders}") from error
         try:
             yield
         finally:
