@@ -16,14 +16,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.expression import Executable
 
+from app.store import audit as audit_statements
 from app.store import history, validate
-from app.store.backends.backend import Backend, History
-from app.store.backends.postgres import PostgresBackend
-from app.store.backends.sqlite import SqliteBackend
-from app.store.control import statements as control
-from app.store.engine import translated_errors
-from app.store.errors import UPGRADE_HINT, SchemaError
-from app.store.events import statements as events
+from app.store import outbox as outbox_statements
+from app.store.backend import Backend, History
+from app.store.errors import UPGRADE_HINT, SchemaError, translated_errors
 from app.store.schema import (
     DEFAULT_TABLE,
     HEAD,
@@ -159,12 +156,15 @@ class SqlCore:
         self._chat_windows: dict[tuple[str, ...] | None, tuple[int, int]] = {}
         self.revision: Revision = revision
         self._capability: Capability = capability_of(revision)
-        self._backend: Backend = (
-            SqliteBackend(engine) if engine.dialect.name == "sqlite" else PostgresBackend(engine)
-        )
+        self._backend: Backend = self._connect(engine)
         # Public, and what `transaction` opens: a real transaction on either backend.
         self.engine = self._backend.transactions
         self._backend.prepare(self.table, self.wake_channel, self._history(), self._outbox())
+
+    def _connect(self, engine: AsyncEngine) -> Backend:
+        """The database's backend for `engine`: chosen by the composed store
+        (`app.store.store`), which alone knows the backends."""
+        raise NotImplementedError("a store composed over SqlCore chooses its backend")
 
     def _tables(self, table: str, revision: Revision) -> None:
         tables = make_metadata(table, revision).tables
@@ -194,7 +194,7 @@ class SqlCore:
         they are sent if and only if what they tell of commits; nothing when events are off."""
         outbox = self._outbox()
         if outbox is not None and made:
-            await connection.execute(events.record(outbox, made))
+            await connection.execute(outbox_statements.record(outbox, made))
 
     @property
     def capability(self) -> Capability:
@@ -369,7 +369,7 @@ class SqlCore:
         """Write one audit entry in the acting transaction, with the bots it concerns (None:
         every bot, as a filter that names none)."""
         _, audit, _ = self._operator_tables("the audit log")
-        statement = control.record_action(
+        statement = audit_statements.record_action(
             audit,
             at=at,
             key_name=by,
@@ -383,5 +383,7 @@ class SqlCore:
         # Below revision 0005 (an old table a newer process writes during an upgrade) the entry
         # concerns no bot: it is shown only to keys of every bot, never too widely.
         if bots and self.audit_bots_table is not None:
-            records = control.record_action_bots(self.audit_bots_table, entry, sorted(set(bots)))
+            records = audit_statements.record_action_bots(
+                self.audit_bots_table, entry, sorted(set(bots))
+            )
             await connection.execute(records)

@@ -5,16 +5,11 @@ store errors. How each backend's engine is set up is in its module
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from sqlalchemy import Engine, create_engine, exc
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.store.backends import postgres_engine, sqlite_engine
-from app.store.backends.sqlite_engine import BUSY_TIMEOUT_MS
-from app.store.errors import UPGRADE_HINT, SchemaError, StoreBusy, StoreError, StoreUnavailable
 
 
 def normalise_url(url: str | URL, *, asynchronous: bool = True) -> URL:
@@ -74,47 +69,3 @@ def create_sync_engine(url: str | URL) -> Engine:
     # a prepared statement would outlive its transaction: none are prepared.
     arguments = postgres_engine.connect_args(parsed) | {"prepare_threshold": None}
     return create_engine(parsed, connect_args=arguments)
-
-
-_SCHEMA_SQLSTATES = {"42P01", "42703", "42883"}  # undefined table, column, function
-_TIMEOUT_SQLSTATES = {"55P03", "57014"}  # lock_timeout, statement_timeout (query canceled)
-_SCHEMA_MESSAGES = ("no such table", "no such column", "has no column named")
-# What a transaction pooler does to a client that keeps session state: a prepared statement
-# met again on another client's server session (or missing on this one), the `options` of
-# the timeouts refused at connect.
-_POOLER_SQLSTATES = {"42P05", "26000"}  # duplicate prepared statement, no such statement
-_POOLER_MESSAGES = ("unsupported startup parameter",)
-POOLER_HINT = (
-    "behind PgBouncer in transaction pooling mode? set INTAKE_DATABASE_PGBOUNCER=true "
-    "(docs/operations.md)"
-)
-
-
-@contextmanager
-def translated_errors(table: str) -> Iterator[None]:
-    """Turn driver exceptions into the store's error tree (see `app.store.errors`)."""
-    try:
-        yield
-    except exc.DBAPIError as error:
-        raise _translate(error, table) from error
-    except exc.TimeoutError as error:  # no pooled connection came free in time
-        raise StoreUnavailable(f"database unavailable: {error}") from error
-    except (ConnectionError, TimeoutError) as error:
-        raise StoreUnavailable(f"database unavailable: {error}") from error
-
-
-def _translate(error: exc.DBAPIError, table: str) -> StoreError:
-    original = error.orig
-    message = str(original).strip().splitlines()[0] if original is not None else str(error)
-    sqlstate = getattr(original, "sqlstate", None)
-    if sqlstate in _POOLER_SQLSTATES or any(m in message for m in _POOLER_MESSAGES):
-        message = f"{message}; {POOLER_HINT}"
-    if sqlstate in _SCHEMA_SQLSTATES or any(m in message for m in _SCHEMA_MESSAGES):
-        return SchemaError(f"table {table!r} is not as expected ({message}); {UPGRADE_HINT}")
-    if sqlstate in _TIMEOUT_SQLSTATES:
-        return StoreUnavailable(f"database did not answer in time: {message}")
-    if "database is locked" in message:
-        return StoreBusy(f"SQLite write lock still taken after {BUSY_TIMEOUT_MS} ms: {message}")
-    if error.connection_invalidated or isinstance(error, exc.OperationalError | exc.InterfaceError):
-        return StoreUnavailable(f"database unavailable: {message}")
-    return StoreError(f"database error: {message}")

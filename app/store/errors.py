@@ -1,4 +1,5 @@
-"""The store's errors. Driver exceptions never cross the store boundary; they become these.
+"""The store's errors. Driver exceptions never cross the store boundary: `translated_errors`
+turns them into these.
 
     StoreError
     ├── SchemaError            the table is missing or older than the feature asked for
@@ -12,7 +13,15 @@ Bad arguments are not store errors: they raise ValueError before any statement r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import exc
+
 UPGRADE_HINT = "run `alembic upgrade head` (or `telegram-intake migrate`)"
+# SQLite: how long a writer waits for the file's write lock before StoreBusy (the engine sets
+# it on every connection, `app.store.backends.sqlite_engine`).
+BUSY_TIMEOUT_MS = 10_000
 
 
 class StoreError(Exception):
@@ -35,3 +44,47 @@ class StoreUnavailable(StoreError):
 
 class StoreBusy(StoreUnavailable):
     """SQLite's write lock stayed taken past the busy timeout."""
+
+
+_SCHEMA_SQLSTATES = {"42P01", "42703", "42883"}  # undefined table, column, function
+_TIMEOUT_SQLSTATES = {"55P03", "57014"}  # lock_timeout, statement_timeout (query canceled)
+_SCHEMA_MESSAGES = ("no such table", "no such column", "has no column named")
+# What a transaction pooler does to a client that keeps session state: a prepared statement
+# met again on another client's server session (or missing on this one), the `options` of
+# the timeouts refused at connect.
+_POOLER_SQLSTATES = {"42P05", "26000"}  # duplicate prepared statement, no such statement
+_POOLER_MESSAGES = ("unsupported startup parameter",)
+POOLER_HINT = (
+    "behind PgBouncer in transaction pooling mode? set INTAKE_DATABASE_PGBOUNCER=true "
+    "(docs/operations.md)"
+)
+
+
+@contextmanager
+def translated_errors(table: str) -> Iterator[None]:
+    """Turn driver exceptions into the store's error tree (see `app.store.errors`)."""
+    try:
+        yield
+    except exc.DBAPIError as error:
+        raise _translate(error, table) from error
+    except exc.TimeoutError as error:  # no pooled connection came free in time
+        raise StoreUnavailable(f"database unavailable: {error}") from error
+    except (ConnectionError, TimeoutError) as error:
+        raise StoreUnavailable(f"database unavailable: {error}") from error
+
+
+def _translate(error: exc.DBAPIError, table: str) -> StoreError:
+    original = error.orig
+    message = str(original).strip().splitlines()[0] if original is not None else str(error)
+    sqlstate = getattr(original, "sqlstate", None)
+    if sqlstate in _POOLER_SQLSTATES or any(m in message for m in _POOLER_MESSAGES):
+        message = f"{message}; {POOLER_HINT}"
+    if sqlstate in _SCHEMA_SQLSTATES or any(m in message for m in _SCHEMA_MESSAGES):
+        return SchemaError(f"table {table!r} is not as expected ({message}); {UPGRADE_HINT}")
+    if sqlstate in _TIMEOUT_SQLSTATES:
+        return StoreUnavailable(f"database did not answer in time: {message}")
+    if "database is locked" in message:
+        return StoreBusy(f"SQLite write lock still taken after {BUSY_TIMEOUT_MS} ms: {message}")
+    if error.connection_invalidated or isinstance(error, exc.OperationalError | exc.InterfaceError):
+        return StoreUnavailable(f"database unavailable: {message}")
+    return StoreError(f"database error: {message}")

@@ -9,7 +9,12 @@ What the two databases do differently is each one's `Backend` (`app.store.backen
 
 from __future__ import annotations
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from app.store import validate
+from app.store.backend import Backend
+from app.store.backends.postgres import PostgresBackend
+from app.store.backends.sqlite import SqliteBackend
 from app.store.claims.methods import ClaimMethods
 from app.store.control.methods import ControlMethods
 from app.store.core import read_capability, read_revision
@@ -39,6 +44,11 @@ class SqlUpdateStore(
 ):
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema. Each
     family's methods stand on `SqlCore` alone: none calls another family's."""
+
+    def _connect(self, engine: AsyncEngine) -> Backend:
+        if engine.dialect.name == "sqlite":
+            return SqliteBackend(engine)
+        return PostgresBackend(engine)
 
 
 async def open_store(

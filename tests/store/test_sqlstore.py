@@ -232,7 +232,7 @@ async def test_sqlite_file_uri_serves_reads_beside_writes(sqlite_storage: Storag
 def test_a_pool_checkout_timeout_is_unavailability() -> None:
     from sqlalchemy import exc
 
-    from app.store.engine import translated_errors
+    from app.store.errors import translated_errors
 
     with pytest.raises(StoreUnavailable, match="database unavailable"), translated_errors("t"):
         raise exc.TimeoutError("QueuePool limit of size 10 overflow 10 reached")

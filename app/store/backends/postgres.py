@@ -57,8 +57,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ClauseElement
 
-from app.store import history
-from app.store.backends.backend import Backend, ClaimShapes, History, Numbers
+from app.store import history, outbox
+from app.store.backend import Backend, History, Numbers
+from app.store.backends.claim_shapes import ClaimShapes
 from app.store.backends.postgres_engine import LISTEN_URL, PGBOUNCER
 from app.store.backends.postgres_statements import (
     IDENTITY_COLUMNS,
@@ -77,7 +78,6 @@ from app.store.backends.postgres_statements import (
     settle_many_parameters,
 )
 from app.store.claims import statements as claims
-from app.store.events import statements as events
 from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class PostgresBackend(Backend):
             )
             statement = statement.add_cte(started.cte("started"))
         if self._outbox is not None and durable:
-            spent = events.spent_in_claim(self._outbox, claimed, now=now)
+            spent = outbox.spent_in_claim(self._outbox, claimed, now=now)
             statement = statement.add_cte(spent.cte("spent"))
         return statement
 

@@ -35,8 +35,9 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 
-from app.store import history
-from app.store.backends.backend import Backend, ClaimShapes, History, Numbers
+from app.store import history, outbox
+from app.store.backend import Backend, History, Numbers
+from app.store.backends.claim_shapes import ClaimShapes
 from app.store.backends.sqlite_engine import SQLITE_BEGIN, connector
 from app.store.backends.sqlite_statements import (
     _json_batch,
@@ -49,7 +50,6 @@ from app.store.backends.sqlite_statements import (
 )
 from app.store.backends.sqlite_writer import Prepared, Result, Transaction, Writer
 from app.store.claims import statements as claims
-from app.store.events import statements as events
 from app.store.history import ended_many
 from app.store.settles import statements as settles
 from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
@@ -108,9 +108,9 @@ class SqliteBackend(Backend):
             if started:
                 transaction.execute_many(self._started, started)
         if self._outbox is not None and durable:
-            spent = events.spent_rows(rows, now=now)
+            spent = outbox.spent_rows(rows, now=now)
             if spent:
-                transaction.execute(events.record(self._outbox, spent))
+                transaction.execute(outbox.record(self._outbox, spent))
 
     async def add_many(
         self, rows: Sequence[NewUpdate], *, guard: Update | None = None

@@ -16,8 +16,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-BUSY_TIMEOUT_MS = 10_000
-
+from app.store.errors import BUSY_TIMEOUT_MS
 
 # Execution option read by the `begin` hook: reads need no write lock.
 SQLITE_BEGIN = "intake_sqlite_begin"

@@ -1,2 +1,2 @@
 """Claiming updates under a lease, in Telegram's order (`chat_order`): `roles`, `statements`,
-`methods`, `conformance`."""
+`methods`. Its conformance rules: `app.store.conformance.claims`."""

@@ -11,7 +11,7 @@ from app.store import validate
 from app.store.claims import chat_order
 from app.store.claims import statements as claims
 from app.store.core import SqlCore, check_bots, check_identity, check_lease
-from app.store.engine import translated_errors
+from app.store.errors import translated_errors
 from app.store.types import (
     Claimed,
     ClaimIdentity,

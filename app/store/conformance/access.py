@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 from app.store.conformance._core import BOT, OTHER_BOT, _Findings, _rule
+from app.store.conformance.control import OPERATOR, _exhausted
 from app.store.contract import OperatorStore
-from app.store.control.conformance import OPERATOR, _exhausted
 from app.store.types import AuditEntry, ExhaustionFilter
 
 THIRD_BOT = "conformance-c"

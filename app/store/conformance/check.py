@@ -13,22 +13,24 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection
 
-from app.store.claims import conformance as claims  # noqa: F401 (each family registers its rules)
-from app.store.conformance import access  # noqa: F401
+from app.store.conformance import (  # noqa: F401 (each family's rules register on import)
+    access,
+    claims,
+    control,
+    events,
+    exhaustions,
+    polling,
+    records,
+    settles,
+)
 from app.store.conformance._core import _LEVELS, _REGISTERED, BOT, MAX, OTHER_BOT, Rule, _Findings
 from app.store.contract import UpdateStore
-from app.store.control import conformance as control  # noqa: F401
-from app.store.events import conformance as events  # noqa: F401
-from app.store.exhaustions import conformance as exhaustions  # noqa: F401
-from app.store.polling import conformance as polling  # noqa: F401
-from app.store.records import conformance as records  # noqa: F401
-from app.store.settles import conformance as settles  # noqa: F401
 
 __all__ = ["BOT", "MAX", "OTHER_BOT", "MakeStore", "Rule", "check_update_store"]
 
 MakeStore = Callable[[], Awaitable[UpdateStore]]
 
-# Each method family's `conformance` module registers its rules, each with its name and level:
+# One module per method family registers its rules, each with its name and level:
 # `records` (add, add_many, due, prune), `claims` (claim, renew, claim_owned, claim_next_owned),
 # `settles` (settle, settle_owned, settle_many_owned, owns), `exhaustions` (the durable level),
 # `control` (operator control, the durable level from revision 0004) and `events` (its

@@ -1,2 +1,2 @@
-"""Operator control (pause, rate limits, the breaker, park, the audit entry): `roles`,
-`statements`, `methods`, `conformance` (which covers the operators' views too)."""
+"""Operator control (pause, rate limits, the breaker, park): `roles`, `statements`, `methods`.
+Its conformance rules, the operators' views' too: `app.store.conformance.control`."""

@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.store import history, validate
+from app.store import history, outbox, validate
 from app.store.control import statements as control
 from app.store.core import SqlCore, check_actor, check_identity, check_reason
-from app.store.events import statements as events
 from app.store.types import (
     BotControl,
     ClaimIdentity,
@@ -161,7 +160,7 @@ class ControlMethods(SqlCore):
         async with self.transaction() as connection:
             parked = await self._backend.transition(connection, statement, follow)
             if parked is not None:
-                data = events.exhaustion(parked, error=f"parked: {text}", at=at, reason="parked")
+                data = outbox.exhaustion(parked, error=f"parked: {text}", at=at, reason="parked")
                 await self._emit(connection, [("exhaustion.created", at, data | {"by": by})])
                 await self._record(
                     connection,

@@ -14,7 +14,6 @@ from sqlalchemy import (
     Table,
     Update,
     case,
-    insert,
     literal,
     select,
     update,
@@ -161,11 +160,3 @@ def update_state(t: Table, *, bot: str, update_id: int) -> Select[Any]:
     return select(t.c.state, t.c.attempts, t.c.claim_id).where(
         t.c.bot == bot, t.c.update_id == update_id
     )
-
-
-def record_action(audit: Table, **values: Any) -> Insert:
-    return insert(audit).values(**values).returning(audit.c.id)
-
-
-def record_action_bots(audit_bots: Table, audit_id: int, bots: Sequence[str]) -> Insert:
-    return insert(audit_bots).values([{"audit_id": audit_id, "bot": bot} for bot in bots])

@@ -1,2 +1,3 @@
-"""Operational events: the outbox written by the transactions that make them, its delivery,
-and the backlog and getWebhookInfo watches: `roles`, `statements`, `methods`, `conformance`."""
+"""Operational events: their delivery from the outbox (`app.store.outbox`), and the backlog
+and getWebhookInfo watches: `roles`, `statements`, `methods`. Its conformance rules:
+`app.store.conformance.events`."""

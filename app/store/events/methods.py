@@ -9,6 +9,7 @@ from typing import cast
 
 from sqlalchemy import Table
 
+from app.store import outbox as outbox_statements
 from app.store import validate
 from app.store.control import statements as control
 from app.store.core import SqlCore, check_lease
@@ -44,7 +45,7 @@ class EventMethods(SqlCore):
             OperationalEvent(
                 id=row.id,
                 type=cast(EventType, row.type),
-                payload=events.envelope(row.type, row.created_at, row.data),
+                payload=outbox_statements.envelope(row.type, row.created_at, row.data),
                 created_at=row.created_at,
                 deliveries=row.deliveries,
                 lease_until=row.due_at,

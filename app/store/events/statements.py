@@ -10,91 +10,25 @@ nothing, and the event goes again (at least once).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
-    CTE,
     Delete,
     Insert,
     Select,
     Table,
-    Text,
     Update,
     and_,
-    cast,
     delete,
     func,
-    insert,
-    literal,
     or_,
     select,
     update,
 )
 
-from app.store.predicates import NON_TERMINAL, SPENT_ERROR, Upsert, in_state
-from app.store.types import EventType, WebhookInfo
-
-
-def envelope(kind: str, at: int, data: str) -> str:
-    """The body `operations_url` receives, Standard Webhooks' recommended shape: the type,
-    when it happened (ISO 8601, UTC) and the event's own fields. The same for every delivery."""
-    timestamp = datetime.fromtimestamp(at / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
-    head = json.dumps({"type": kind, "timestamp": timestamp[:-3] + "Z"})
-    return f'{head[:-1]}, "data": {data}}}'
-
-
-def record(events: Table, made: Sequence[tuple[EventType, int, dict[str, Any]]]) -> Insert:
-    """New events, each due for delivery at once: (type, epoch ms, data)."""
-    rows = [
-        {"type": kind, "data": json.dumps(data), "created_at": at, "due_at": at}
-        for kind, at, data in made
-    ]
-    return insert(events).values(rows)
-
-
-# The fields of exhaustion.created, as both the store's methods and a claim's own statement
-# write them.
-EXHAUSTION_FIELDS = (
-    "bot", "update_id", "attempt", "claim_id", "update_type", "chat", "error", "exhausted_at",
-    "reason",
-)  # fmt: skip
-
-
-def exhaustion(row: Any, *, error: str, at: int, reason: str) -> dict[str, Any]:
-    """exhaustion.created's data for a row the transition returned (bot, update_id, attempts,
-    claim_id, update_type, queue_key)."""
-    values = (
-        row.bot, row.update_id, row.attempts, row.claim_id, row.update_type, row.queue_key,
-        error, at, reason,
-    )  # fmt: skip
-    return dict(zip(EXHAUSTION_FIELDS, values, strict=True))
-
-
-def spent_rows(rows: Sequence[Any], *, now: int) -> list[tuple[EventType, int, dict[str, Any]]]:
-    """exhaustion.created for every row a claim ended because its attempts were spent."""
-    return [
-        ("exhaustion.created", now, exhaustion(row, error=SPENT_ERROR, at=now, reason="spent"))
-        for row in rows
-        if row.state == "abandoned"
-    ]
-
-
-def spent_in_claim(events: Table, claimed: CTE, *, now: Any) -> Insert:
-    """exhaustion.created for every row a claim's own statement ended because its attempts
-    were spent (PostgreSQL: a data-modifying CTE of the claim, so both commit together)."""
-    c = claimed.c
-    values = (
-        c.bot, c.update_id, c.attempts, c.claim_id, c.update_type, c.queue_key,
-        literal(SPENT_ERROR), now, literal("spent"),
-    )  # fmt: skip
-    pairs = [part for name, value in zip(EXHAUSTION_FIELDS, values, strict=True)
-             for part in (literal(name), value)]  # fmt: skip
-    data = cast(func.json_build_object(*pairs), Text)
-    source = select(literal("exhaustion.created"), data, now, now).where(c.state == "abandoned")
-    return insert(events).from_select(["type", "data", "created_at", "due_at"], source)
+from app.store.predicates import NON_TERMINAL, Upsert, in_state
+from app.store.types import WebhookInfo
 
 
 def take(events: Table, *, now: int, lease_until: int, limit: int) -> Update:

@@ -1,2 +1,2 @@
 """Exhaustions, kept until their exact acknowledgement, and the bulk actions over them:
-`roles`, `statements`, `methods`, `conformance`."""
+`roles`, `statements`, `methods`. Its conformance rules: `app.store.conformance.exhaustions`."""

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from sqlalchemy import ColumnElement, Row, Update
 
-from app.store import validate
+from app.store import outbox, validate
 from app.store.control import statements as control
 from app.store.core import (
     SqlCore,
@@ -18,7 +18,6 @@ from app.store.core import (
     check_identity,
     check_lease,
 )
-from app.store.events import statements as events
 from app.store.exhaustions import statements as exhaustions
 from app.store.types import (
     BulkOutcome,
@@ -56,7 +55,7 @@ class ExhaustionMethods(SqlCore):
         statement = exhaustions.exhaust(self.table, identity=identity, at=at, error=error)
 
         def created(row: Row[Any]) -> tuple[EventType, int, dict[str, Any]]:
-            data = events.exhaustion(row, error=error, at=at, reason="failed")
+            data = outbox.exhaustion(row, error=error, at=at, reason="failed")
             return "exhaustion.created", at, data | {"status_code": status}
 
         return await self._ended(

@@ -1,2 +1,2 @@
 """Long polling: one poller of a bot across every process, and the batches it records:
-`roles`, `statements`, `methods`, `conformance`."""
+`roles`, `statements`, `methods`. Its conformance rules: `app.store.conformance.polling`."""

@@ -9,7 +9,7 @@ from sqlalchemy import Table
 
 from app.store import validate
 from app.store.core import SqlCore, check_lease
-from app.store.engine import translated_errors
+from app.store.errors import translated_errors
 from app.store.polling import statements as polling
 from app.store.types import NewUpdate
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from app.store import validate
 from app.store.core import SqlCore
-from app.store.engine import translated_errors
+from app.store.errors import translated_errors
 from app.store.events import statements as events
 from app.store.records import statements as records
 from app.store.types import (

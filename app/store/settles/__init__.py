@@ -1,1 +1,2 @@
-"""Settling attempts: `roles`, `statements`, `methods`, `conformance`."""
+"""Settling attempts: `roles`, `statements`, `methods`. Its conformance rules:
+`app.store.conformance.settles`."""

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from app.store import history, validate
 from app.store.core import SqlCore, check_identity, check_settlement
-from app.store.engine import translated_errors
+from app.store.errors import translated_errors
 from app.store.settles import statements as settles
 from app.store.types import (
     ClaimIdentity,

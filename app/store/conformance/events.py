@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 from app.store.conformance._core import BOT, MAX, OTHER_BOT, _Findings, _record, _rule
+from app.store.conformance.control import OPERATOR, _exhausted
 from app.store.contract import OperatorStore
-from app.store.control.conformance import OPERATOR, _exhausted
 from app.store.types import ExhaustionFilter, OperationalEvent, WebhookInfo
 
 FAR = 10**12  # a time after every event of a rule, and a lease that outlives the rule
