@@ -93,16 +93,12 @@ def oldest_undelivered(t: Table, bots: Sequence[str]) -> Select[Any]:
     )
 
 
-def _upsert(bots: Table, upsert: Upsert) -> Any:
-    return upsert(bots)
-
-
 def became_stale(bots: Table, upsert: Upsert, *, bot: str, at: int) -> Insert:
     """Mark `bot`'s backlog stale since `at` unless it is already: RETURNING the bot only
     when this statement began the episode (one event an episode, across processes)."""
     b = bots.c
     statement: Insert = (
-        _upsert(bots, upsert)
+        upsert(bots)
         .values(bot=bot, stale_since=at)
         .on_conflict_do_update(
             index_elements=[b.bot], set_={"stale_since": at}, where=b.stale_since.is_(None)
@@ -129,7 +125,7 @@ def take_webhook_check(bots: Table, upsert: Upsert, *, bot: str, now: int, next_
     b = bots.c
     due = or_(b.webhook_check_due_at.is_(None), b.webhook_check_due_at <= now)
     statement: Insert = (
-        _upsert(bots, upsert)
+        upsert(bots)
         .values(bot=bot, webhook_check_due_at=next_at)
         .on_conflict_do_update(
             index_elements=[b.bot], set_={"webhook_check_due_at": next_at}, where=due
