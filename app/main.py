@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
-from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from app import __version__, api, console
@@ -18,6 +17,7 @@ from app.config import Settings
 from app.dispatch import Dispatcher, running_dispatcher
 from app.dispatch.clock import DatabaseClock
 from app.heap import freeze_after_startup
+from app.http.front import Service
 from app.http.guard import install_guard
 from app.intake.committer import GroupCommitter
 from app.intake.route import Intake
@@ -33,14 +33,14 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     mounts: Mapping[str, ASGIApp] | None = None,
     metrics: Metrics | None = None,
-) -> FastAPI:
+) -> Service:
     """Assemble the service: the intake, and with `workers` the dispatcher in this process
     (`telegram-intake run`). The store opens when the app starts and closes when it stops."""
     settings = settings or Settings()
     metrics = metrics or Metrics.of(settings)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Service) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             store = await open_store(settings.database_url, **settings.store_options())
             stack.push_async_callback(store.close)
@@ -71,6 +71,9 @@ def create_app(
             app.state.store = store
             app.state.dispatcher = dispatcher
             app.state.intake = Intake(settings, committer, clock.now, metrics)
+            # The webhook's requests go straight to the intake while it runs (app.http.front).
+            app.webhook = app.state.intake
+            stack.callback(setattr, app, "webhook", None)
             metrics.database.watch(store, clock.now)
             stack.push_async_callback(metrics.database.unwatch)
 
@@ -87,7 +90,7 @@ def create_app(
             freeze_after_startup()
             yield
 
-    app = FastAPI(
+    app = Service(
         title="telegram-intake",
         version=__version__,
         lifespan=lifespan,

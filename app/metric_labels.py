@@ -40,6 +40,7 @@ IntakeResult = Literal[
     "invalid",  # not a Telegram update: 400
     "disconnected",  # the client went away before its body was read: 400
     "unavailable",  # no commit confirmed in time: 503, Telegram delivers it again
+    "failed",  # what nothing expected: 500 in fixed words with a request id
 ]
 AttemptOutcome = Literal[
     "completed",  # 2xx, settled completed

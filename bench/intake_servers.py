@@ -2,10 +2,14 @@
 
     python -m bench.intake_servers intake|ceiling DATABASE_URL
     python -m bench.intake_servers aiogram
+    python -m bench.intake_servers bare
 
 - intake: the product's app under uvicorn, one worker, as `telegram-intake serve` runs it.
 - ceiling: the same app and route, with the group committer swapped after start-up for one
   that answers at once and stores nothing: what the server costs without durability.
+- bare: one ASGI callable on plain uvicorn (httptools, uvloop, no access log): the bot, the
+  secret compared in constant time, the body, `json.loads`, an integer `update_id`; stores
+  nothing. What the server itself could answer for the intake's checks: the limit.
 - aiogram: aiogram 3's own webhook handler (`SimpleRequestHandler`, background mode) with a
   Dispatcher of one trivial message handler, under aiohttp's `web.AppRunner`, on uvloop (the
   loop uvicorn picks). The bot token is fake and nothing here calls Telegram.
@@ -17,6 +21,8 @@ accepts requests, and stops on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -82,6 +88,50 @@ def serve_uvicorn(kind: str, database_url: str) -> None:
     AnnouncingServer(server_config(app, host=HOST, port=0, log_level="warning")).run()
 
 
+async def bare_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The intake's checks and nothing else, in one ASGI callable."""
+    if scope["type"] != "http":
+        if scope["type"] == "lifespan":
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+        return
+    given = b""
+    for name, value in scope["headers"]:
+        if name == b"x-telegram-bot-api-secret-token":
+            given = value
+    expected = BARE_SECRETS.get(scope["path"].removeprefix("/telegram/"))
+    status, body = 403, b'{"error":"forbidden"}'
+    if hmac.compare_digest(given, expected or b"\0" * 32) and expected is not None:
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        try:
+            update = json.loads(b"".join(chunks))
+        except ValueError:
+            update = None
+        if isinstance(update, dict) and type(update.get("update_id")) is int:
+            status, body = 200, b'{"ok":true}'
+        else:
+            status, body = 400, b'{"error":"not an update"}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+BARE_SECRETS = {BOT: SECRET.encode()}
+
+
+def serve_bare() -> None:
+    config = uvicorn.Config(
+        bare_app, host=HOST, port=0, http="httptools", loop="uvloop", log_level="warning",
+        access_log=False, proxy_headers=False, lifespan="on",
+    )  # fmt: skip
+    AnnouncingServer(config).run()
+
+
 async def serve_aiogram() -> None:
     from aiogram import Bot, Dispatcher
     from aiogram.types import Message
@@ -121,5 +171,7 @@ async def serve_aiohttp(app: Any) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "aiogram":
         uvloop.run(serve_aiogram())
+    elif sys.argv[1] == "bare":
+        serve_bare()
     else:
         serve_uvicorn(sys.argv[1], sys.argv[2])

@@ -26,7 +26,7 @@ secret is 403 before anything about the body). Each refusal is counted
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from fastapi.security.utils import get_authorization_scheme_param
@@ -44,7 +44,16 @@ from app.metric_labels import Refusal
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["PUBLIC_PATHS", "Refusal", "RequestGuard", "install_guard", "unsupported_encoding"]
+__all__ = [
+    "PUBLIC_PATHS",
+    "WEBHOOK_PREFIX",
+    "Refusal",
+    "RequestGuard",
+    "install_guard",
+    "read_head",
+    "refuse",
+    "unsupported_encoding",
+]
 
 # What answers without a key: Telegram's route and the probes.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
@@ -59,6 +68,40 @@ _SINGLE = {
 }
 # A route answered here: its handler, by (method, path).
 Lean = Mapping[tuple[str, str], Callable[[Request], Awaitable[Response]]]
+
+
+def read_head(headers: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes] | str:
+    """The headers that must come at most once (`_SINGLE`) and the first `Content-Length`, by
+    name; or, when one of the former came twice, the 400's words saying so. The webhook's lean
+    path reads a request's head with it too (`app.intake.route`), so both refuse alike."""
+    once: dict[bytes, bytes] = {}
+    for name, value in headers:
+        if name in _SINGLE:
+            if name in once:
+                return f"more than one {_SINGLE[name]} header"
+            once[name] = value
+        elif name == b"content-length":
+            once.setdefault(name, value)
+    return once
+
+
+async def refuse(
+    send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Answer `{"error": message}` with `status`, straight through ASGI."""
+    body = json.dumps({"error": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def unsupported_encoding(value: str | bytes | None) -> bool:
@@ -100,18 +143,11 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        once: dict[bytes, bytes] = {}
-        declared: bytes | None = None
-        for name, value in scope["headers"]:
-            if name in _SINGLE:
-                if name in once:
-                    await self._refuse(
-                        send, "duplicate_header", 400, f"more than one {_SINGLE[name]} header"
-                    )
-                    return
-                once[name] = value
-            elif name == b"content-length":
-                declared = value
+        once = read_head(scope["headers"])
+        if isinstance(once, str):
+            await self._refuse(send, "duplicate_header", 400, once)
+            return
+        declared = once.get(b"content-length")
         path: str = scope["path"]
         authorization = once.get(b"authorization")
         public = path.startswith(self._open_prefixes) or path in self._open_paths
@@ -198,19 +234,7 @@ class RequestGuard:
     ) -> None:
         if self._refused is not None:
             self._refused(reason)
-        body = json.dumps({"error": message}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", b"%d" % len(body)),
-                    *(headers or []),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await refuse(send, status, message, headers)
 
 
 def install_guard(

@@ -14,6 +14,16 @@ Checks run in this order, and nothing invalid is ever stored:
 
 Each answer is counted by bot and result, with its latency and, for a valid update, its wait
 for the commit (`app.metrics`).
+
+The webhook takes one request per update Telegram sends, so it is answered on a lean path, as
+the callbacks are (`app.api.lean`): `Intake` is an ASGI application of its own, reading the
+scope and answering through `send`, and the service's app (`app.http.front.Service`) hands it
+every `POST /telegram/{bot}` ahead of FastAPI's middleware and router, which cost three times
+the intake's own work. A request the front does not take (another method, a path the route
+does not match) goes through FastAPI as any other, whose route for the webhook answers by the
+same `Intake`: one way to answer, whichever way in (tests/intake/test_lean.py holds the two
+ways to the same answers). The refusal of a head with two secrets or two encodings is the
+request guard's own (`app.http.guard.read_head`).
 """
 
 from __future__ import annotations
@@ -26,11 +36,11 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from starlette.requests import ClientDisconnect
+from starlette.types import Message, Receive, Scope, Send
 
 from app.config import Settings
-from app.http.failures import Failure, logged
-from app.http.guard import unsupported_encoding
+from app.http.failures import Failure, failure_of, logged
+from app.http.guard import WEBHOOK_PREFIX, read_head, refuse, unsupported_encoding
 from app.http.sources import client_address, source_allowed
 from app.http.strict_json import NotJson, read_json
 from app.intake.committer import CommitFailed, GroupCommitter
@@ -41,20 +51,43 @@ from app.store import NewUpdate
 from app.store.validate import MAX_BIGINT
 
 log = logging.getLogger(__name__)
-SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
-JSON = "application/json"
-OK = Response(b'{"ok":true}', 200, media_type=JSON)
-FORBIDDEN = Response(b'{"error":"forbidden"}', 403, media_type=JSON)
+SECRET_HEADER = b"x-telegram-bot-api-secret-token"
 NOT_RECORDED = "the update could not be recorded; Telegram will deliver it again"
+Headers = list[tuple[bytes, bytes]]
 
 
-def _error(status: int, message: str) -> Response:
-    body = json.dumps({"error": message}).encode()
-    return Response(body, status, media_type=JSON)
+class Answer:
+    """A whole answer, sent as Starlette's `Response(body, status, media_type=JSON)` sends it:
+    the given headers, then `content-length` and `content-type`."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes, headers: Headers | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.headers = [
+            *(headers or ()),
+            (b"content-length", b"%d" % len(body)),
+            (b"content-type", b"application/json"),
+        ]
+
+    @classmethod
+    def error(cls, status: int, message: str) -> Answer:
+        return cls(status, json.dumps({"error": message}).encode())
+
+    async def send(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+OK = Answer(200, b'{"ok":true}')
+FORBIDDEN = Answer(403, b'{"error":"forbidden"}')
+DISCONNECTED = Answer.error(400, "the client went away before the body was read")
 
 
 class Intake:
-    """The webhook intake for the configured bots."""
+    """The webhook intake for the configured bots: an ASGI application answering
+    `POST /telegram/{bot}`, the bot read from the path."""
 
     def __init__(
         self,
@@ -76,44 +109,71 @@ class Intake:
         metrics = metrics or Metrics.of(settings)
         self._meters = {bot.name: metrics.intake(bot.name) for bot in settings.bots}
         self._unknown: IntakeMeters = metrics.intake(UNKNOWN_BOT)
-        self._too_large = _error(413, f"body over {settings.max_body_bytes} bytes")
-        self._encoded = _error(415, "no Content-Encoding is accepted: send the JSON as it is")
+        self._refused = metrics.request_refused
+        self._limit = settings.max_body_bytes
+        self._too_large = Answer.error(413, f"body over {settings.max_body_bytes} bytes")
+        self._encoded = Answer.error(415, "no Content-Encoding is accepted: send the JSON as it is")
 
-    async def receive(self, bot: str, request: Request) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.answer(scope["path"][len(WEBHOOK_PREFIX) :], scope, receive, send)
+
+    async def answer(self, bot: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer one webhook request for `bot`."""
         started = time.perf_counter()
+        head = read_head(scope["headers"])
+        if isinstance(head, str):
+            self._refused("duplicate_header")
+            await refuse(send, 400, head)
+            return
         meters = self._meters.get(bot, self._unknown)
-        result, response = await self._receive(bot, request, meters)
+        try:
+            result, answer = await self._receive(bot, scope, head, receive, meters)
+        except Exception as error:  # nothing expected: a 500 in fixed words, as on /v1
+            failure = failure_of(error, f"POST {scope['path']}")
+            result, answer = "failed", _failed(failure)
         meters.answered(result, time.perf_counter() - started)
-        return response
+        await answer.send(send)
 
     async def _receive(
-        self, bot: str, request: Request, meters: IntakeMeters
-    ) -> tuple[IntakeResult, Response]:
+        self,
+        bot: str,
+        scope: Scope,
+        head: dict[bytes, bytes],
+        receive: Receive,
+        meters: IntakeMeters,
+    ) -> tuple[IntakeResult, Answer]:
         received_at = self._now()
         expected = self._secrets.get(bot)
-        given = request.headers.get(SECRET_HEADER, "").encode()
+        given = head.get(SECRET_HEADER, b"")
         secret_ok = hmac.compare_digest(given, expected or self._decoy)
         if expected is None or not secret_ok:
             return "forbidden", FORBIDDEN
         settings = self._settings
         if settings.allowed_sources:
-            peer = request.client.host if request.client else None
+            client = scope.get("client")
             # Every X-Forwarded-For line: some proxies add a line rather than append to one.
-            forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
+            forwarded = ",".join(
+                value.decode("latin-1")
+                for name, value in scope["headers"]
+                if name == b"x-forwarded-for"
+            )
+            peer = client[0] if client else None
             source = client_address(peer, forwarded, settings.trusted_proxies)
             if not source_allowed(source, settings.allowed_sources):
                 return "source_refused", FORBIDDEN
-        if unsupported_encoding(request.headers.get("content-encoding")):
+        if unsupported_encoding(head.get(b"content-encoding")):
             return "encoded", self._encoded
-        try:
-            body = await self._read_body(request)
-        except ClientDisconnect:
-            return "disconnected", _error(400, "the client went away before the body was read")
+        declared = head.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._limit:
+            return "too_large", self._too_large
+        body = await self._read_body(receive)
         if body is None:
             return "too_large", self._too_large
+        if isinstance(body, Answer):
+            return "disconnected", body
         text, update, problem = _parse(body)
         if update is None:
-            return "invalid", _error(400, problem)
+            return "invalid", Answer.error(400, problem)
         update_type, queue_key = classify(update)
         row = NewUpdate(bot, update["update_id"], text, received_at, update_type, queue_key)
         # While it waits for the commit, a request holds its row's text and nothing more.
@@ -130,27 +190,42 @@ class Intake:
             log.debug("%s:%d: %s (%s, queue %s)", bot, row.update_id, state, update_type, queue_key)
         return ("accepted" if new else "duplicate"), OK
 
-    def _not_recorded(self, row: NewUpdate, error: CommitFailed) -> Response:
+    def _not_recorded(self, row: NewUpdate, error: CommitFailed) -> Answer:
         """503 + Retry-After: a request id for the client, the reason in the log under it (an
         id is drawn only here, never for an update recorded)."""
         request_id = logged(f"POST /telegram/{row.bot}, update {row.update_id}", error)
-        failure = Failure(503, NOT_RECORDED, request_id, self._settings.retry_after_seconds)
-        body = json.dumps(failure.body).encode()
-        return Response(body, 503, headers=failure.headers, media_type=JSON)
+        return _failed(Failure(503, NOT_RECORDED, request_id, self._settings.retry_after_seconds))
 
-    async def _read_body(self, request: Request) -> bytes | None:
-        """The body, or None when it is over the limit (declared or as it streams in)."""
-        limit = self._settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return None
-        chunks, size = [], 0
-        async for chunk in request.stream():
+    async def _read_body(self, receive: Receive) -> bytes | Answer | None:
+        """The body; None when it is over the limit as it streams in; DISCONNECTED when the
+        client went away first. Read as Starlette's `Request.stream` reads it."""
+        limit = self._limit
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message: Message = await receive()
+            kind = message["type"]
+            if kind == "http.disconnect":
+                return DISCONNECTED
+            if kind != "http.request":
+                continue
+            chunk: bytes = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 return None
+            if not message.get("more_body", False):
+                if not chunks:
+                    return chunk
+                chunks.append(chunk)
+                return b"".join(chunks)
             chunks.append(chunk)
-        return b"".join(chunks)
+
+
+def _failed(failure: Failure) -> Answer:
+    # As Starlette encodes a Response's headers.
+    items = failure.headers.items()
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in items]
+    return Answer(failure.status, json.dumps(failure.body).encode(), headers)
 
 
 def _parse(body: bytes) -> tuple[str, dict[str, Any] | None, str]:
@@ -165,6 +240,19 @@ def _parse(body: bytes) -> tuple[str, dict[str, Any] | None, str]:
     if type(update_id) is not int or not 0 <= update_id <= MAX_BIGINT:
         return "", None, "update_id must be an integer from 0 to 2**63-1"
     return text, update, ""
+
+
+class _ByIntake(Response):
+    """What the FastAPI route answers: a Response that, when Starlette sends it, lets the
+    intake answer the request itself, body and all."""
+
+    def __init__(self, intake: Intake, bot: str) -> None:  # no body of its own to render
+        self.background = None
+        self._intake = intake
+        self._bot = bot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._intake.answer(self._bot, scope, receive, send)
 
 
 router = APIRouter()
@@ -184,5 +272,4 @@ router = APIRouter()
     },
 )
 async def receive_update(bot: str, request: Request) -> Response:
-    intake: Intake = request.app.state.intake
-    return await intake.receive(bot, request)
+    return _ByIntake(request.app.state.intake, bot)
