@@ -31,11 +31,11 @@ from typing import Any
 
 import uvicorn
 import uvloop
-from fastapi import FastAPI
 from pydantic import SecretStr
 
 from app.bot_settings import BotSettings
 from app.config import Settings
+from app.http.front import Service
 from app.http.server import server_config
 from app.intake.route import Intake
 from app.main import create_app
@@ -67,15 +67,16 @@ def settings(database_url: str) -> Settings:
     return Settings(database_url=database_url, bots=(bot,))
 
 
-def ceiling_app(configured: Settings) -> FastAPI:
+def ceiling_app(configured: Settings) -> Service:
     """The product's app whose intake, once started, hands rows to a NullCommitter."""
     app = create_app(configured)
     product_lifespan = app.router.lifespan_context
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: Service) -> AsyncIterator[None]:
         async with product_lifespan(app):
-            app.state.intake = Intake(configured, NullCommitter())  # type: ignore[arg-type]
+            intake = Intake(configured, NullCommitter())  # type: ignore[arg-type]
+            app.state.intake = app.webhook = intake  # the route's way in and the front's
             yield
 
     app.router.lifespan_context = lifespan
