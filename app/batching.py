@@ -21,12 +21,24 @@ class Closed(Exception):
     """The batcher is stopping and takes no new items."""
 
 
+class Expired(TimeoutError):
+    """The caller's budget (`timeout`) ran out before the flush holding its item was done."""
+
+
 class Batcher(Generic[Item, Result]):
     """One flusher over the items of concurrent callers; subclasses write `_flush`."""
 
-    def __init__(self, *, max_batch: int = 500, max_wait: float = 0.0) -> None:
+    def __init__(
+        self, *, max_batch: int = 500, max_wait: float = 0.0, timeout: float | None = None
+    ) -> None:
         self._max_batch = max_batch
         self._max_wait = max_wait
+        # Every caller's budget is the same length, so the order of arrival is the order in
+        # which budgets end: one timer, set for the oldest caller's, serves them all (a timer
+        # of its own per caller, as `asyncio.timeout` sets, was a tenth of the intake's time).
+        self._timeout = timeout
+        self._deadlines: dict[asyncio.Future[Result], float] = {}
+        self._timer: asyncio.TimerHandle | None = None
         # In arrival order, by future: a caller that gives up takes its item out at once, so
         # nothing it handed in stays held while it waits for a flush.
         self._waiting: dict[asyncio.Future[Result], Item] = {}
@@ -52,23 +64,49 @@ class Batcher(Generic[Item, Result]):
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
         self._flusher = None
+        if self._timer is not None and not self._deadlines:
+            self._timer.cancel()
+            self._timer = None
 
     async def submit(self, item: Item) -> Result:
-        """Hand in `item`; returns its result once the flush holding it is done."""
+        """Hand in `item`; returns its result once the flush holding it is done. Raises
+        Expired once `timeout` has passed since this call, wherever the item is by then."""
         if self._closing:
             raise Closed("shutting down")
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Result] = loop.create_future()
         self._waiting[future] = item
+        if self._timeout is not None:
+            self._deadlines[future] = deadline = loop.time() + self._timeout
+            if self._timer is None:
+                self._timer = loop.call_at(deadline, self._expire)
         self._callers += 1
         self._wake.set()
         try:
             return await future
         finally:
             self._callers -= 1
+            self._deadlines.pop(future, None)
             self._waiting.pop(future, None)  # still waiting: the caller gave up (cancelled)
             # A failure's traceback holds this frame; without the future in it there is no
             # cycle, and the item is freed as soon as the caller is done with it.
             del future
+
+    def _expire(self) -> None:
+        """Fail every caller whose budget has ended; set the timer for the next one."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        ended = []
+        for future, deadline in self._deadlines.items():
+            if deadline > now:
+                self._timer = loop.call_at(deadline, self._expire)
+                break
+            ended.append(future)
+        for future in ended:
+            del self._deadlines[future]
+            if not future.done():
+                future.set_exception(Expired(f"no result within {self._timeout:.3g} s"))
 
     async def _flush_forever(self) -> None:
         while True:

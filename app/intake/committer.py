@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from app.batching import Batcher, Closed
+from app.batching import Batcher, Closed, Expired
 from app.store import NewUpdate, StoreUnavailable
 from app.store.records.roles import Recorder
 
@@ -47,9 +47,8 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
         max_pending_bytes: int = 16 << 20,
         on_added: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(max_batch=max_batch, max_wait=max_wait)
+        super().__init__(max_batch=max_batch, max_wait=max_wait, timeout=timeout)
         self._store = store
-        self._timeout = timeout
         self._max_pending = max_pending_bytes
         self._on_added = on_added
         self.pending_bytes = 0  # bodies held: waiting, or in the insert in flight
@@ -71,9 +70,8 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
             raise CommitFailed(f"{self.pending_bytes} bytes already wait for a commit")
         self.pending_bytes += size
         try:
-            async with asyncio.timeout(self._timeout):
-                return await super().submit(item)
-        except TimeoutError as error:
+            return await super().submit(item)
+        except Expired as error:
             raise CommitFailed(f"no commit within {self._timeout:.3g} s") from error
         except Closed as error:
             raise CommitFailed("the intake is shutting down") from error

@@ -19,8 +19,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from app.http.connection_limits import ConnectionLimits
+from app.http.one_write import HeadWithBody
 from tests.conftest import serve_asgi
-from tests.http.raw import closed, connect, head, is_open, read_answer, read_answers
+from tests.http.raw import Answer, closed, connect, head, is_open, read_answer, read_answers
 
 MAX_HEADER_BYTES = 4096
 LIMITS = dict(
@@ -334,3 +335,73 @@ def _all_until_closed(sock: socket.socket, within: float = 5) -> bytes:
     while chunk := sock.recv(65536):
         received += chunk
     return received
+
+
+class _Writes:
+    """A transport that records each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_whole_answer_leaves_in_one_write_an_interim_100_at_once() -> None:
+    transport = _Writes()
+    held = HeadWithBody(transport)  # type: ignore[arg-type]
+    held.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    held.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+    assert len(transport.writes) == 1  # the head waits for the body
+    held.write(b"ok")
+    held.write(b"HTTP/1.1 200 is a body too, once the head has gone")
+    assert transport.writes[1:] == [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 is a body too, once the head has gone",
+    ]
+    assert not held.is_closing()
+
+
+def test_a_held_head_goes_out_before_the_connection_closes() -> None:
+    transport = _Writes()
+    held = HeadWithBody(transport)  # type: ignore[arg-type]
+    held.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    held.close()
+    assert transport.writes == [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"]
+    assert transport.closed
+    assert held.is_closing()
+
+
+async def test_expect_100_continue_then_the_body_then_one_answer(served: Served) -> None:
+    def exchange() -> tuple[bytes, Answer]:
+        with connect(served.port) as sock:
+            body = b"x" * 1000
+            headers = [("content-length", str(len(body))), ("expect", "100-continue")]
+            sock.sendall(head("POST", "/length", headers))
+            interim = sock.recv(65536)  # the server asks for the body before the app reads it
+            sock.sendall(body)
+            return interim, read_answer(sock)
+
+    interim, answer = await asyncio.to_thread(exchange)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert (answer.status, answer.body) == (200, b"1000")
+
+
+async def test_a_head_request_is_answered_with_its_head_alone(served: Served) -> None:
+    def exchange() -> bytes:
+        with connect(served.port) as sock:
+            sock.sendall(head("HEAD", "/fast", []))
+            sock.settimeout(5)
+            return sock.recv(65536)
+
+    data = await asyncio.to_thread(exchange)
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert data.endswith(b"\r\n\r\n")
