@@ -490,3 +490,92 @@ async def test_after_refresh_statistics_the_claim_walks_the_due_order_index(
         await store.close()
     assert "Index Only Scan telegram_updates ix_telegram_updates_due" in plan, plan
     assert not [line for line in plan if line.startswith(("Bitmap", "Seq Scan"))], plan
+
+
+def _inserting_backends(admin: psycopg.Connection, name: str) -> list[int]:
+    """The pids of `name`'s connections whose last statement was the batch insert."""
+    rows = admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+        "AND query LIKE 'WITH added AS%%'",
+        (name,),
+    ).fetchall()
+    return sorted(row[0] for row in rows)
+
+
+async def test_the_batch_insert_keeps_one_connection_and_lets_a_broken_one_go(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    url = make_url(postgres_storage.url()).update_query_dict({"application_name": "kept"})
+    store = await open_store(url.render_as_string(hide_password=False), pool_size=4)
+    try:
+        for update_id in range(5):
+            assert await store.add("shop", update_id, "{}", 0)
+        kept = _inserting_backends(postgres_admin, "kept")
+        assert len(kept) == 1  # five batches, one connection
+        # While it is in use, others take the pool's connections: nobody waits for it.
+        added = await asyncio.gather(*(store.add("shop", n, "{}", 0) for n in range(10, 20)))
+        assert all(added)
+        postgres_admin.execute("SELECT pg_terminate_backend(%s)", (kept[0],))
+        with pytest.raises(StoreUnavailable):
+            await store.add("shop", 30, "{}", 0)
+        assert await store.add("shop", 31, "{}", 0)  # a fresh one kept in its place
+        assert kept[0] not in _inserting_backends(postgres_admin, "kept")
+        due = await store.due(now=1, pending_before=1, limit=100)
+        assert len(due) == 5 + 10 + 1
+    finally:
+        await store.close()
+    # Closed: the kept connection went back and the pool with it (a server process ends a
+    # moment after its client hangs up).
+    for _ in range(100):
+        if not _inserting_backends(postgres_admin, "kept"):
+            break
+        await asyncio.sleep(0.05)
+    assert _inserting_backends(postgres_admin, "kept") == []
+
+
+async def test_a_pool_of_one_keeps_no_connection_for_the_insert(
+    postgres_storage: Storage,
+) -> None:
+    store = await open_store(postgres_storage.url(), pool_size=1)
+    try:
+        await store.add("shop", 1, "{}", 0)
+        # Were the one connection kept for the insert, this read would wait for ever.
+        async with asyncio.timeout(10):
+            assert len(await store.due(now=1, pending_before=1, limit=10)) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_connection_that_answers_read_only_is_not_kept_for_the_insert(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    # What a demoted primary answers: a role whose sessions are read-only stands in for one.
+    url = make_url(postgres_storage.url())
+    schema = url.query["options"].removeprefix("-csearch_path=")
+    role = f"ro_{schema}"
+    postgres_admin.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        postgres_admin.execute(f"GRANT ALL ON SCHEMA {schema} TO {role}")
+        postgres_admin.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        postgres_admin.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
+        as_role = url.set(username=role).update_query_dict({"application_name": role})
+        store = await open_store(as_role.render_as_string(hide_password=False), pool_size=4)
+        try:
+            pids = []
+            for update_id in (1, 2):
+                with pytest.raises(StoreUnavailable, match="read-only"):
+                    await store.add("shop", update_id, "{}", 0)
+                rows = postgres_admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                    "AND query LIKE 'WITH added AS%%'",
+                    (role,),
+                ).fetchall()
+                pids.append([row[0] for row in rows])
+        finally:
+            await store.close()
+        # Each try met a fresh connection: the one that answered read-only was let go.
+        assert pids[0] == []
+        assert pids[1] == []
+    finally:
+        postgres_admin.execute(f"DROP OWNED BY {role}")
+        postgres_admin.execute(f"DROP ROLE {role}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,7 +51,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import OID
-from sqlalchemy.engine import URL, CursorResult
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ClauseElement
@@ -61,6 +60,7 @@ from app.store import history, outbox
 from app.store.backend import Backend, History, Numbers
 from app.store.backends.claim_shapes import ClaimShapes
 from app.store.backends.postgres_engine import LISTEN_URL, PGBOUNCER
+from app.store.backends.postgres_execution import Compiled, Kept, direct, driver_sql, execute
 from app.store.backends.postgres_statements import (
     IDENTITY_COLUMNS,
     PG_CLASS,
@@ -83,9 +83,6 @@ from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
 log = logging.getLogger(__name__)
 
 
-Compiled = tuple[str, dict[str, Any]]  # psycopg's SQL text and its constant parameters
-
-
 class PostgresBackend(Backend):
     upsert = staticmethod(postgresql.insert)
     name = "postgresql"
@@ -99,6 +96,7 @@ class PostgresBackend(Backend):
         self._compiled: dict[str, Compiled] = {}
         self._claims = ClaimShapes(self._claim_sql)
         self._history: History | None = None
+        self._kept = Kept(engine, self.write_lock)  # the batch insert's connection
 
     def prepare(
         self, table: Table, channel: str, history: History | None, outbox: Table | None
@@ -123,35 +121,31 @@ class PostgresBackend(Backend):
         return self._driver_sql(statement, expanded=True)
 
     def _driver_sql(self, statement: ClauseElement, *, expanded: bool = False) -> Compiled:
-        """A statement as psycopg's SQL text and its constant parameters, to run many times
-        with `_execute`. `expanded` renders IN-lists into the text. Batch arrays travel in
-        binary (psycopg's `%b`): dumping a text array escapes every quote of every JSON body,
-        about 17 us a body, against well under one in binary."""
-        options = {"render_postcompile": True} if expanded else {}
-        compiled = statement.compile(dialect=self.engine.dialect, compile_kwargs=options)
-        text = re.sub(r"%\((batch_\w+)\)s", r"%(\1)b", compiled.string)
-        return text, dict(compiled.params)
+        return driver_sql(self.engine, statement, expanded=expanded)
 
-    @staticmethod
-    async def _execute(
-        connection: AsyncConnection, compiled: Compiled, values: dict[str, Any]
-    ) -> CursorResult[Any]:
-        text, constants = compiled
-        return await connection.exec_driver_sql(text, {**constants, **values})
+    _execute = staticmethod(execute)
 
     async def add_many(
         self, rows: Sequence[NewUpdate], *, guard: Update | None = None
     ) -> Sequence[Any] | None:
         arrays = add_arrays(rows)
         if guard is None:
-            async with self.write() as connection:
-                return (await self._execute(connection, self._compiled["add"], arrays)).all()
+            return await self._direct(self._compiled["add"], arrays)
         async with self.transaction() as connection:
             if (await connection.execute(guard)).first() is None:
                 return None
             if not rows:
                 return []
             return (await self._execute(connection, self._compiled["add"], arrays)).all()
+
+    async def _direct(self, compiled: Compiled, values: dict[str, Any]) -> list[Any]:
+        """The statements run most often (the batch insert, the claim, the batch settle), by
+        psycopg itself (`direct`), on the kept connection when it is free."""
+        async with self._kept.connection() as connection:
+            return await direct(connection, compiled, values)
+
+    async def close(self) -> None:
+        await self._kept.close()
 
     async def claim_next_owned(
         self,
@@ -161,7 +155,7 @@ class PostgresBackend(Backend):
         ordering: Ordering,
         bots: list[str] | None,
         durable_exhaustion: bool,
-    ) -> Sequence[Row[Any]]:
+    ) -> Sequence[Any]:
         compiled = self._claims.get(
             table,
             ordering=ordering,
@@ -178,8 +172,7 @@ class PostgresBackend(Backend):
         values: dict[str, Any] = dict(numbers)
         if self._history is not None:
             values["worker"] = self._history.worker
-        async with self.write() as connection:
-            return (await self._execute(connection, compiled, values)).all()
+        return await self._direct(compiled, values)
 
     async def transition(
         self, connection: AsyncConnection, statement: Update, follow: Update | None
@@ -271,16 +264,16 @@ class PostgresBackend(Backend):
         self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
     ) -> dict[tuple[str, int], bool | None]:
         arrays = settle_many_parameters(items)
-        async with self.write() as connection:
-            result = await self._execute(connection, self._compiled["settle_many_owned"], arrays)
+        async with self._kept.connection() as connection:
+            rows = await direct(connection, self._compiled["settle_many_owned"], arrays)
             settled: dict[tuple[str, int], bool | None] = {
-                (row.bot, row.update_id): bool(row.waiting) for row in result.all()
+                (row.bot, row.update_id): bool(row.waiting) for row in rows
             }
             unsettled = [i for i in items if (i[0].bot, i[0].update_id) not in settled]
             if unsettled:  # refused, or skipped because locked: tell them apart
                 arrays = settle_many_parameters(unsettled)
-                busy = await self._execute(connection, self._compiled["busy_owned"], arrays)
-                settled.update({(row.bot, row.update_id): None for row in busy.all()})
+                busy = await direct(connection, self._compiled["busy_owned"], arrays)
+                settled.update({(row.bot, row.update_id): None for row in busy})
         return settled
 
     async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
