@@ -39,18 +39,28 @@ class Outcome:
 
 
 def classify(response: httpx.Response) -> Outcome:
-    status = response.status_code
+    """What an httpx response means (`classify_answer`); its body only if it was read."""
+    try:
+        content = response.content
+    except httpx.ResponseNotRead:
+        content = b""
+    return classify_answer(response.status_code, response.headers.get("retry-after"), content)
+
+
+def classify_answer(status: int, retry_after_value: str | None, content: bytes) -> Outcome:
+    """What an answer means, from its status, its `Retry-After` and its body (which explains
+    a failure)."""
     if status == 202:
         return Outcome("deferred", status=status)
     if 200 <= status < 300:
         return Outcome("completed", status=status)
     error = f"HTTP {status}"
-    detail = _detail(response)
+    detail = _detail(content)
     if detail:
         error = f"{error}: {detail}"
     if 400 <= status < 500 and status not in RETRYABLE_4XX:
         return Outcome("terminal", error, status=status)
-    delay = retry_after(response.headers.get("retry-after"))
+    delay = retry_after(retry_after_value)
     return Outcome("retry", error, delay, status=status if 100 <= status <= 599 else None)
 
 
@@ -60,11 +70,8 @@ def classify_error(error: httpx.HTTPError) -> Outcome:
     return Outcome("retry", f"{kind}: {type(error).__name__}: {error}"[:MAX_ERROR_CHARS])
 
 
-def _detail(response: httpx.Response) -> str:
-    try:
-        text = response.content.decode("utf-8", "replace").strip()
-    except httpx.ResponseNotRead:
-        return ""
+def _detail(content: bytes) -> str:
+    text = content.decode("utf-8", "replace").strip()
     return " ".join(text.split())[:MAX_ERROR_CHARS].replace("\x00", "")
 
 

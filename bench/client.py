@@ -5,8 +5,10 @@ concurrency than sequentially (encode/httpx#3215). This measures, in one run, re
 and 64 concurrent requests for httpx's default transport, httpx over aiohttp (httpx-aiohttp),
 httpx over our own `app.dispatch.transport.AiohttpTransport` at three levels (the whole
 `AsyncClient.post`; `AsyncClient.send` of a ready `httpx.Request`, skipping `build_request`;
-the transport's `handle_async_request` called directly, skipping the client), and aiohttp
-itself. The server is a separate process (aiohttp, answering 200 at once).
+the transport's `handle_async_request` called directly, skipping the client), the
+transport's own `send` without httpx's Request and Response (what the workers forward with
+since issue 33), and aiohttp itself. The server is a separate process (aiohttp, answering 200
+at once).
 """
 
 from __future__ import annotations
@@ -100,6 +102,15 @@ async def _measure(url: str, seconds: float) -> dict[str, tuple[float, float]]:
 
         name = "httpx over app AiohttpTransport: handle_async_request(Request)"
         results[name] = await _both(handle, seconds)
+        headers = {"content-type": "application/json"}
+        limits = timeout["timeout"]
+
+        async def send() -> int:
+            status, _, _, _ = await transport.send("POST", target, headers.items(), BODY, limits)
+            return status
+
+        name = "app AiohttpTransport.send, no httpx objects (how the workers forward)"
+        results[name] = await _both(send, seconds)
     finally:
         await transport.aclose()
     connector = aiohttp.TCPConnector(limit=64)

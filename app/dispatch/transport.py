@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl as ssl_
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import aiohttp
 import httpx
@@ -22,6 +22,7 @@ TRUNCATED = "truncated"
 _DEFAULT_TIMEOUT = httpx.Timeout(5.0).as_dict()
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 _Gates = tuple[asyncio.Semaphore, ...]
+RawHeaders = tuple[tuple[bytes, bytes], ...]
 _ERRORS = (  # aiohttp's (or the socket's) error -> httpx's: the first that matches
     (aiohttp.ConnectionTimeoutError, httpx.ConnectTimeout),  # resolving or connecting
     (TimeoutError, httpx.ReadTimeout),  # aiohttp.SocketTimeoutError: sock_read
@@ -112,25 +113,50 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return found
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        session = self._session or self._open()
         timeout: Mapping[str, float | None] = request.extensions.get("timeout", _DEFAULT_TIMEOUT)
-        url, gates = self._target(request.url)
         raw = request.headers.raw
         if not isinstance(request.stream, httpx.ByteStream):  # streamed: aiohttp sets a length
             await request.aread()
             raw = [(name, value) for name, value in raw if name.lower() != b"transfer-encoding"]
         headers = [(name.decode(), value.decode()) for name, value in raw]
-        await _enter(gates, timeout.get("pool"), request)
+        status, raw_headers, body, truncated = await self.send(
+            request.method, request.url, headers, request.content or None, timeout, request
+        )
+        return httpx.Response(
+            status,
+            headers=raw_headers,
+            stream=httpx.ByteStream(body),
+            request=request,
+            extensions={"http_version": b"HTTP/1.1", TRUNCATED: truncated},
+        )
+
+    async def send(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+        limits: Mapping[str, float | None],
+        request: httpx.Request | None = None,
+    ) -> tuple[int, RawHeaders, bytes, bool]:
+        """One request, without httpx's Request and Response around it (the forwarder's way:
+        they cost more than aiohttp's own request), within `limits` (httpx's timeouts, as a
+        dict): the status, the raw headers, the body (cut at `max_response_bytes`) and
+        whether it was cut. Errors are httpx's, as from
+        `handle_async_request`, whose `request` they carry when there is one."""
+        session = self._session or self._open()
+        target, gates = self._target(url)
+        await _enter(gates, limits.get("pool"), request)
         try:
             async with session.request(
-                request.method,
-                url,
+                method,
+                target,
                 headers=headers,
-                data=request.content or None,
-                timeout=_client_timeout(timeout.get("connect"), timeout.get("read")),
+                data=body,
+                timeout=_client_timeout(limits.get("connect"), limits.get("read")),
                 allow_redirects=False,
             ) as response:
-                body, truncated = await self._read(response)
+                content, truncated = await self._read(response)
         except (aiohttp.ClientError, OSError) as error:  # TimeoutError is an OSError
             kind = next((to for cause, to in _ERRORS if isinstance(error, cause)), None)
             message = str(error) or type(error).__name__
@@ -138,13 +164,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         finally:
             for gate in gates:
                 gate.release()
-        return httpx.Response(
-            response.status,
-            headers=response.raw_headers,
-            stream=httpx.ByteStream(body),
-            request=request,
-            extensions={"http_version": b"HTTP/1.1", TRUNCATED: truncated},
-        )
+        return response.status, response.raw_headers, content, truncated
 
     async def _read(self, response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
         """The body, whole if it fits in `max_response_bytes`, else cut there (True)."""
@@ -170,7 +190,7 @@ def _client_timeout(connect: float | None, read: float | None) -> aiohttp.Client
     return aiohttp.ClientTimeout(connect=connect, sock_connect=connect, sock_read=read)
 
 
-async def _enter(gates: _Gates, pool: float | None, request: httpx.Request) -> None:
+async def _enter(gates: _Gates, pool: float | None, request: httpx.Request | None) -> None:
     """Take every semaphore, waiting `pool` seconds at most in all, or none of them."""
     if not any(gate.locked() for gate in gates):
         for gate in gates:
