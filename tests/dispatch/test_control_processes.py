@@ -152,13 +152,19 @@ async def healthy(client: httpx.AsyncClient, child: Process, base: str) -> None:
     await eventually(answers, within=STARTUP)
 
 
+POST_RATE = 100.0  # updates a second: 400 take 4 s
+
+
 async def post_updates(
     client: httpx.AsyncClient, base: str, updates: Sequence[tuple[int, int]]
 ) -> list[tuple[int, int, float]]:
-    """POST each update to the intake in turn, as Telegram does: (update_id, status, when the
-    answer came, monotonic)."""
+    """POST each update to the intake in turn, as Telegram does, at most POST_RATE a second
+    (so that posting spans the pause whatever the intake's speed): (update_id, status, when
+    the answer came, monotonic)."""
     answers = []
-    for update_id, chat in updates:
+    started = time.monotonic()
+    for sent, (update_id, chat) in enumerate(updates):
+        await asyncio.sleep(max(0.0, started + sent / POST_RATE - time.monotonic()))
         response = await client.post(
             f"{base}/telegram/default", content=message(update_id, chat=chat), headers=WEBHOOK
         )
