@@ -35,9 +35,6 @@ class Service(FastAPI):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.webhook: ASGIApp | None = None
-        # Only for the test that holds both ways to the same answers: every request through
-        # FastAPI's layers.
-        self.lean_webhook = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         webhook = self.webhook
@@ -46,7 +43,6 @@ class Service(FastAPI):
             and scope["type"] == "http"
             and scope["method"] == "POST"
             and not scope.get("root_path")
-            and self.lean_webhook
         ):
             path: str = scope["path"]
             if path.startswith(WEBHOOK_PREFIX) and len(path) > _SKIP and "/" not in path[_SKIP:]:

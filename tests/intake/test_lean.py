@@ -2,13 +2,14 @@
 
 Two real uvicorn servers over fresh storage of the same backend: one as the service runs, its
 front handing `POST /telegram/{bot}` to the intake ahead of FastAPI; the other with the front
-off (`lean_webhook = False`), every request through FastAPI's middleware, the request guard and
-the router. The same raw requests go to both, byte for byte: a corpus of every check's edge
-(paths and methods the route does not match, doubled headers, encodings, sizes declared and
-streamed, strict JSON's refusals, the allowlist behind a proxy, a table gone from under the
-store), then a few hundred mutations of a valid update. Status, headers and body must match,
-and so must the rows stored and the intake's counters. A probe on the intake shows each server
-did take the way it stands for, so the comparison cannot hold by both taking the same one.
+off (its `webhook` unset once it has started), every request through FastAPI's middleware,
+the request guard and the router. The same raw requests go to both, byte for byte: a corpus
+of every check's edge (paths and methods the route does not match, doubled headers,
+encodings, sizes declared and streamed, strict JSON's refusals, the allowlist behind a proxy,
+a table gone from under the store), then a few hundred mutations of a valid update. Status,
+headers and body must match, and so must the rows stored and the intake's counters. A probe
+on the intake shows each server did take the way it stands for, so the comparison cannot hold
+by both taking the same one.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ async def served(storage: Storage, *, lean: bool) -> AsyncIterator[Served]:
         trusted_proxies="127.0.0.1/32",
     )
     app = create_app(settings)
-    app.lean_webhook = lean
     async with serve_asgi(app) as base:
+        if not lean:
+            app.webhook = None  # every request through FastAPI's layers, to the same intake
         intake = app.state.intake
         ways: list[bool] = []
         answer = intake.answer

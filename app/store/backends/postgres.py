@@ -96,7 +96,7 @@ class PostgresBackend(Backend):
         self._compiled: dict[str, Compiled] = {}
         self._claims = ClaimShapes(self._claim_sql)
         self._history: History | None = None
-        self._kept = Kept(engine, self.write_lock)  # the batch insert's connection
+        self._kept = Kept(engine, self.write_lock)  # the insert's, the claim's, the settle's
 
     def prepare(
         self, table: Table, channel: str, history: History | None, outbox: Table | None
@@ -114,16 +114,11 @@ class PostgresBackend(Backend):
             statements["owns"] = claims.owns(
                 table, identity=None, at=bindparam("at", type_=BigInteger), lock=False
             )
-        self._compiled = {name: self._driver_sql(s) for name, s in statements.items()}
+        self._compiled = {name: driver_sql(self.engine, s) for name, s in statements.items()}
         self._claims = ClaimShapes(self._claim_sql)
 
     def _claim_sql(self, statement: ClauseElement) -> Compiled:
-        return self._driver_sql(statement, expanded=True)
-
-    def _driver_sql(self, statement: ClauseElement, *, expanded: bool = False) -> Compiled:
-        return driver_sql(self.engine, statement, expanded=expanded)
-
-    _execute = staticmethod(execute)
+        return driver_sql(self.engine, statement, expanded=True)
 
     async def add_many(
         self, rows: Sequence[NewUpdate], *, guard: Update | None = None
@@ -136,7 +131,7 @@ class PostgresBackend(Backend):
                 return None
             if not rows:
                 return []
-            return (await self._execute(connection, self._compiled["add"], arrays)).all()
+            return (await execute(connection, self._compiled["add"], arrays)).all()
 
     async def _direct(self, compiled: Compiled, values: dict[str, Any]) -> list[Any]:
         """The statements run most often (the batch insert, the claim, the batch settle), by
@@ -225,7 +220,7 @@ class PostgresBackend(Backend):
         self, connection: AsyncConnection, table: Table, identity: ClaimIdentity, at: int
     ) -> Row[Any] | None:
         values = {**dataclasses.asdict(identity), "at": at}
-        return (await self._execute(connection, self._compiled["owns"], values)).first()
+        return (await execute(connection, self._compiled["owns"], values)).first()
 
     async def owned_leases(
         self,
@@ -236,7 +231,7 @@ class PostgresBackend(Backend):
     ) -> dict[ClaimIdentity, int]:
         rows = [dataclasses.asdict(identity) for identity in identities]
         values = {**arrays(IDENTITY_COLUMNS, rows), "at": at}
-        result = await self._execute(connection, self._compiled["owned_leases"], values)
+        result = await execute(connection, self._compiled["owned_leases"], values)
         return {
             ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
             for row in result.all()
@@ -254,7 +249,7 @@ class PostgresBackend(Backend):
             for identity, lease_until in renewals
         ]
         values = {**arrays(RENEW_COLUMNS, rows), "now": now}
-        result = await self._execute(connection, self._compiled["renewed_leases"], values)
+        result = await execute(connection, self._compiled["renewed_leases"], values)
         return {
             ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
             for row in result.all()
