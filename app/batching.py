@@ -10,6 +10,7 @@ and the dispatcher's batched settle are both this shape.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 from typing import Generic, TypeVar
 
@@ -33,12 +34,18 @@ class Batcher(Generic[Item, Result]):
     ) -> None:
         self._max_batch = max_batch
         self._max_wait = max_wait
-        # Every caller's budget is the same length, so the order of arrival is the order in
-        # which budgets end: one timer, set for the oldest caller's, serves them all (a timer
-        # of its own per caller, as `asyncio.timeout` sets, was a tenth of the intake's time).
+        # One timer, set for the budget that ends first, serves every caller (a timer of its
+        # own per caller, as `asyncio.timeout` sets, was a tenth of the intake's time). A
+        # budget runs from the caller's own arrival, which may come before that of a caller
+        # that submitted earlier (a body read slowly), so the budgets are a heap by their end.
+        # Its entries name the caller by ticket, not by future: a caller that has left holds
+        # nothing alive through the heap while its entry waits to come up.
         self._timeout = timeout
-        self._deadlines: dict[asyncio.Future[Result], float] = {}
+        self._deadlines: list[tuple[float, int]] = []
+        self._tickets: dict[int, asyncio.Future[Result]] = {}
+        self._next_ticket = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         # In arrival order, by future: a caller that gives up takes its item out at once, so
         # nothing it handed in stays held while it waits for a flush.
         self._waiting: dict[asyncio.Future[Result], Item] = {}
@@ -64,49 +71,73 @@ class Batcher(Generic[Item, Result]):
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
         self._flusher = None
-        if self._timer is not None and not self._deadlines:
+        if self._timer is not None and not self._tickets:
             self._timer.cancel()
             self._timer = None
 
-    async def submit(self, item: Item) -> Result:
+    async def submit(self, item: Item, *, arrival: float | None = None) -> Result:
         """Hand in `item`; returns its result once the flush holding it is done. Raises
-        Expired once `timeout` has passed since this call, wherever the item is by then."""
+        Expired once `timeout` has passed since `arrival` (the event loop's time the caller's
+        work began; by default, this call), wherever the item is by then. A budget already
+        spent fails at once, and the item is never flushed."""
         if self._closing:
             raise Closed("shutting down")
         loop = asyncio.get_running_loop()
+        deadline = 0.0
+        if self._timeout is not None:
+            deadline = (loop.time() if arrival is None else arrival) + self._timeout
+            if deadline <= loop.time():
+                raise self._expired()
         future: asyncio.Future[Result] = loop.create_future()
         self._waiting[future] = item
+        ticket = -1
         if self._timeout is not None:
-            self._deadlines[future] = deadline = loop.time() + self._timeout
-            if self._timer is None:
-                self._timer = loop.call_at(deadline, self._expire)
+            ticket = next(self._next_ticket)
+            self._tickets[ticket] = future
+            heapq.heappush(self._deadlines, (deadline, ticket))
+            if self._timer is None or deadline < self._timer_at:
+                self._arm(loop, deadline)
         self._callers += 1
         self._wake.set()
         try:
             return await future
         finally:
             self._callers -= 1
-            self._deadlines.pop(future, None)
+            self._tickets.pop(ticket, None)
             self._waiting.pop(future, None)  # still waiting: the caller gave up (cancelled)
             # A failure's traceback holds this frame; without the future in it there is no
             # cycle, and the item is freed as soon as the caller is done with it.
             del future
 
+    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(deadline, self._expire)
+        self._timer_at = deadline
+
+    def _expired(self) -> Expired:
+        return Expired(f"no result within {self._timeout:.3g} s")
+
     def _expire(self) -> None:
-        """Fail every caller whose budget has ended; set the timer for the next one."""
+        """Fail every caller whose budget has ended; set the timer for the next one. Entries
+        of callers that have left are dropped as they come up."""
         self._timer = None
         loop = asyncio.get_running_loop()
         now = loop.time()
-        ended = []
-        for future, deadline in self._deadlines.items():
+        deadlines = self._deadlines
+        while deadlines:
+            deadline, ticket = deadlines[0]
+            future = self._tickets.get(ticket)
+            if future is None:  # the caller has its result, or gave up
+                heapq.heappop(deadlines)
+                continue
             if deadline > now:
-                self._timer = loop.call_at(deadline, self._expire)
-                break
-            ended.append(future)
-        for future in ended:
-            del self._deadlines[future]
+                self._arm(loop, deadline)
+                return
+            heapq.heappop(deadlines)
+            del self._tickets[ticket]
             if not future.done():
-                future.set_exception(Expired(f"no result within {self._timeout:.3g} s"))
+                future.set_exception(self._expired())
 
     async def _flush_forever(self) -> None:
         while True:

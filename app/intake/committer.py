@@ -7,8 +7,10 @@ in flight the next batch gathers by itself, so under load batches grow and commi
 stay flat; alone, a request waits for one commit only (plus `max_wait`, default 0).
 
 Two promises hold whatever the database does:
-- A request's budget (`timeout`) runs from its own arrival, however long it queued behind a
-  flush: past it, the request answers 503 (CommitFailed) at once. Telegram delivers the
+- A request's budget (`timeout`) runs from its own arrival, the moment its head came, however
+  slowly its body came after it and however long it queued behind a flush: past it, the
+  request answers 503 (CommitFailed) at once; a request whose budget is spent before its row
+  is handed in is refused without inserting it. Telegram delivers the
   update again; a row that did commit after all is then a duplicate, answered 200 and
   changed by nothing. A row whose request has given up before its flush is not inserted.
 - What the committer holds is bounded: the bodies of the rows waiting and of the insert in
@@ -61,16 +63,17 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
         if self._insert is not None:
             await asyncio.gather(self._insert, return_exceptions=True)
 
-    async def submit(self, item: NewUpdate) -> bool:
+    async def submit(self, item: NewUpdate, *, arrival: float | None = None) -> bool:
         """Record `item`; True when it was new, False for a duplicate. Returns only after the
         commit holding the row; raises CommitFailed when that commit is not confirmed within
-        the budget, counted from now, or when the committer holds too much already."""
+        the budget, counted from `arrival` (the event loop's time the request's head came;
+        by default, now), or when the committer holds too much already."""
         size = len(item.body)
         if self.pending_bytes + size > self._max_pending:
             raise CommitFailed(f"{self.pending_bytes} bytes already wait for a commit")
         self.pending_bytes += size
         try:
-            return await super().submit(item)
+            return await super().submit(item, arrival=arrival)
         except Expired as error:
             raise CommitFailed(f"no commit within {self._timeout:.3g} s") from error
         except Closed as error:

@@ -28,6 +28,7 @@ request guard's own (`app.http.guard.read_head`).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -120,6 +121,10 @@ class Intake:
     async def answer(self, bot: str, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer one webhook request for `bot`."""
         started = time.perf_counter()
+        # The commit budget runs from here, the head's arrival: a body that streams in slowly
+        # spends it too (docs/contract.md: "within INTAKE_COMMIT_TIMEOUT_MS of the request's
+        # arrival").
+        arrival = asyncio.get_running_loop().time()
         head = read_head(scope["headers"])
         if isinstance(head, str):
             self._refused("duplicate_header")
@@ -127,7 +132,7 @@ class Intake:
             return
         meters = self._meters.get(bot, self._unknown)
         try:
-            result, answer = await self._receive(bot, scope, head, receive, meters)
+            result, answer = await self._receive(bot, scope, head, receive, meters, arrival)
         except Exception as error:  # nothing expected: a 500 in fixed words, as on /v1
             failure = failure_of(error, f"POST {scope['path']}")
             result, answer = "failed", _failed(failure)
@@ -141,6 +146,7 @@ class Intake:
         head: dict[bytes, bytes],
         receive: Receive,
         meters: IntakeMeters,
+        arrival: float,
     ) -> tuple[IntakeResult, Answer]:
         received_at = self._now()
         expected = self._secrets.get(bot)
@@ -180,7 +186,7 @@ class Intake:
         del body, update
         arrived = time.perf_counter()
         try:
-            new = await self._committer.submit(row)
+            new = await self._committer.submit(row, arrival=arrival)
         except CommitFailed as error:
             return "unavailable", self._not_recorded(row, error)
         finally:

@@ -169,6 +169,55 @@ async def test_the_budget_runs_from_each_requests_own_arrival() -> None:
     assert store.most_at_once == 1  # no second insert piled onto the hung one
 
 
+async def test_a_later_request_that_arrived_earlier_runs_out_first() -> None:
+    # A budget runs from the request's arrival (its head), not from its hand-in: a request
+    # whose body came slowly hands in after one that arrived later, and must still end first.
+    store = CountingStore(delay=2.0)  # hangs past every budget
+    committer = await started(store, timeout=0.6)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    punctual = asyncio.create_task(committer.submit(row(1), arrival=began))
+    await asyncio.sleep(0.05)
+    slow_body = asyncio.create_task(committer.submit(row(2), arrival=began - 0.4))
+    done, _ = await asyncio.wait({punctual, slow_body}, return_when=asyncio.FIRST_COMPLETED)
+    first_end = loop.time() - began
+    assert done == {slow_body}  # its budget ended 0.2 s after `began`, the other's at 0.6 s
+    with pytest.raises(CommitFailed, match="no commit within"):
+        slow_body.result()
+    assert not punctual.done()  # the other's budget runs on
+    assert first_end < 0.5
+    with pytest.raises(CommitFailed):
+        await punctual
+    assert loop.time() - began >= 0.55
+    await committer.stop()
+
+
+async def test_a_budget_spent_before_the_hand_in_fails_at_once_and_inserts_nothing() -> None:
+    store = FakeStore()
+    committer = await started(store, timeout=0.5)
+    arrival = asyncio.get_running_loop().time() - 0.6
+    with pytest.raises(CommitFailed, match="no commit within"):
+        await committer.submit(row(1), arrival=arrival)
+    assert committer.pending_bytes == 0
+    assert await committer.submit(row(2)) is True  # the next one, in budget, is recorded
+    await committer.stop()
+    assert store.batches == [[2]]
+
+
+async def test_budgets_of_callers_that_left_do_not_fire_for_those_behind() -> None:
+    # The heap keeps the entries of callers that already have their result until they come
+    # up; a live caller behind them ends at its own deadline, not at theirs.
+    store = FakeStore(delay=0.01)
+    committer = await started(store, timeout=0.3)
+    assert await committer.submit(row(1)) is True  # leaves an entry at +0.3 s
+    store.delay = 2.0
+    await asyncio.sleep(0.2)
+    outcome, took = await answered_within(committer, 2)  # its own budget: 0.3 s from now
+    assert isinstance(outcome, CommitFailed)
+    assert 0.25 <= took < 0.9
+    await committer.stop()
+
+
 async def test_the_row_by_row_fallback_keeps_each_requests_budget() -> None:
     store = FakeStore(delay=0.15)
     store.bad = {1}

@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from app.api_keys import ApiKey
 from tests.api.conftest import KEY
 from tests.conftest import Storage, table_locked, table_rows
-from tests.intake.conftest import commit_waits_within, intake_on, post
+from tests.intake.conftest import SECRET, commit_waits_within, intake_on, post
 
 
 async def test_killed_postgres_connections_give_503_then_recover(
@@ -96,3 +96,37 @@ async def test_each_request_is_answered_within_its_budget_while_the_table_is_loc
     # The 2 s budget, each from its own arrival (a budget per flush took 4 s and more).
     assert within[2.5] == within[float("inf")] == 61, within
     assert after.status_code == 200
+
+
+async def test_a_body_streamed_slower_than_the_budget_is_503_and_stores_nothing(
+    storage: Storage,
+) -> None:
+    # The budget runs from the head's arrival (docs/contract.md), so a body that takes longer
+    # than the budget to come spends it all: the answer is 503 the moment the body is in,
+    # and the update is not recorded. The same update sent at once is then recorded.
+    intake = intake_on(storage)
+    body = b'{"update_id": 77, "message": {"text": "' + b"x" * 2000 + b'"}}'
+    async with intake(commit_timeout_ms=400) as (base, db):
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /telegram/shop HTTP/1.1\r\nHost: intake\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nX-Telegram-Bot-Api-Secret-Token: " + SECRET.encode() + b"\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:1000]
+        )
+        await writer.drain()
+        await asyncio.sleep(0.7)  # past the 0.4 s budget, the body still coming
+        writer.write(body[1000:])
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+        slow_rows = table_rows(db, "update_id")
+        async with httpx.AsyncClient(timeout=30) as client:
+            again = await post(client, base, body)
+        rows = table_rows(db, "update_id")
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 503"), head
+    assert b"\r\nretry-after: " in head
+    assert slow_rows == []
+    assert again.status_code == 200
+    assert rows == [(77,)]
