@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import psycopg
 import pytest
+from sqlalchemy import Integer, Text, bindparam, literal_column, select
 from sqlalchemy.engine import make_url
 
 from app.dispatch.settler import Settler
@@ -19,6 +20,9 @@ from app.store import (
     StoreUnavailable,
     open_store,
 )
+from app.store.backends.postgres import PostgresBackend
+from app.store.backends.postgres_engine import async_engine
+from app.store.backends.postgres_execution import Kept, direct, driver_sql
 from app.store.claims import statements as claims
 from tests.conftest import Storage, table_locked
 from tests.store.test_query_plans import explain
@@ -579,3 +583,111 @@ async def test_a_connection_that_answers_read_only_is_not_kept_for_the_insert(
     finally:
         postgres_admin.execute(f"DROP OWNED BY {role}")
         postgres_admin.execute(f"DROP ROLE {role}")
+
+
+async def test_the_settle_is_planned_once_on_a_kept_connection_of_its_own(
+    postgres_storage: Storage, postgres_admin: psycopg.Connection
+) -> None:
+    # PostgreSQL's own choice re-planned the batch settle at almost every run: its kept
+    # connection forces the generic plan, and the pool's connections keep their own mode.
+    url = make_url(postgres_storage.url()).update_query_dict({"application_name": "settling"})
+    store = await open_store(url.render_as_string(hide_password=False), pool_size=4)
+    backend = store._backend
+    assert isinstance(backend, PostgresBackend)
+    try:
+        for update_id in range(1, 41):
+            await store.add("shop", update_id, "{}", 0)
+        now = _now()
+        for _ in range(20):  # twenty settles of two rows, each batch's arrays of other sizes
+            claimed = await store.claim_next_owned(
+                now=now, lease_until=now + 60_000, max_attempts=3, limit=2, ordering="chat"
+            )
+            assert await store.settle_many_owned(
+                [(c.identity, Completed(now)) for c in claimed]
+            ) == [True, True]
+        async with backend._settling.connection() as connection:
+            mode = (await connection.exec_driver_sql("SHOW plan_cache_mode")).scalar_one()
+            plans = (
+                await connection.exec_driver_sql(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement ILIKE '%%unnest%%'"
+                )
+            ).all()
+        assert mode == "force_generic_plan"
+        assert plans, "the settle was never prepared"
+        assert sum(custom for _, custom in plans) == 0
+        assert sum(generic for generic, _ in plans) >= 10
+        # The claim and the insert keep PostgreSQL's own choice, as does every other
+        # connection of the pool.
+        async with store.transaction() as connection:
+            other = (await connection.exec_driver_sql("SHOW plan_cache_mode")).scalar_one()
+        assert other == "auto"
+    finally:
+        await store.close()
+
+
+async def test_a_kept_connection_goes_back_to_the_pool_planning_as_before(
+    postgres_storage: Storage,
+) -> None:
+    engine = async_engine(make_url(postgres_storage.url()), pool_size=3)
+    kept = Kept(engine, asyncio.Semaphore(3), generic_plans=True)
+    try:
+        async with kept.connection() as connection:
+            before = (await connection.exec_driver_sql("SHOW plan_cache_mode")).scalar_one()
+            pid = (await connection.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+        await kept.close()
+        async with engine.connect() as connection:  # the one connection the pool has made
+            after = (await connection.exec_driver_sql("SHOW plan_cache_mode")).scalar_one()
+            again = (await connection.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+    finally:
+        await engine.dispose()
+    assert before == "force_generic_plan"
+    assert again == pid
+    assert after == "auto"
+
+
+async def test_the_positional_form_reads_what_the_named_form_reads(
+    postgres_storage: Storage,
+) -> None:
+    # A name used twice binds one `$n`; SQLAlchemy's escaped percent sign is a percent sign.
+    engine = async_engine(make_url(postgres_storage.url()), pool_size=1)
+    statement = select(
+        literal_column("'50%'").label("percent"),
+        bindparam("a", type_=Integer).label("a"),
+        (bindparam("a", type_=Integer) + bindparam("b", 3, type_=Integer)).label("sum"),
+        bindparam("text", type_=Text).label("text"),
+    )
+    named = driver_sql(engine, statement)
+    positional = driver_sql(engine, statement, positional=True)
+    try:
+        async with engine.connect() as connection:
+            values = {"a": 4, "text": "x %(a)s $1"}
+            by_name = await direct(connection, named, values)
+            by_number = await direct(connection, positional, values)
+    finally:
+        await engine.dispose()
+    assert named.names is None
+    assert positional.names == ("a", "b", "text")
+    assert "%" not in positional.text.replace("'50%'", "")
+    assert by_number == by_name == [("50%", 4, 7, "x %(a)s $1")]
+
+
+async def test_the_claim_runs_in_positional_form_and_the_settle_in_named_form(
+    postgres_storage: Storage,
+) -> None:
+    store = await open_store(postgres_storage.url(), pool_size=4)
+    backend = store._backend
+    assert isinstance(backend, PostgresBackend)
+    try:
+        await store.add("shop", 1, "{}", 0)
+        now = _now()
+        [claimed] = await store.claim_next_owned(
+            now=now, lease_until=now + 60_000, max_attempts=3, limit=8, ordering="chat"
+        )
+        assert claimed.identity.update_id == 1
+        shapes = list(backend._claims._compiled.values())
+        assert shapes
+        assert all(shape.names is not None and "$1" in shape.text for shape in shapes)
+        assert backend._compiled["settle_many_owned"].names is None  # its arrays go in binary
+    finally:
+        await store.close()

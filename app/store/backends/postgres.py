@@ -7,7 +7,9 @@
   pool's size). The pool's own queue lets a newcomer take a connection handed to a waiter,
   and under load some requests then wait seconds while most wait milliseconds.
 - The statements run most often (the batch insert, the batch settle, `owns`, the claim per
-  shape) are compiled once to psycopg's SQL; their batch arrays travel in binary.
+  shape) are compiled once to psycopg's SQL; their batch arrays travel in binary. The claim,
+  longer than psycopg's cache of converted statements takes, is converted to `$n` once; the
+  settle runs on a kept connection of its own that plans it once (`postgres_execution`).
 - The clock is the database's: the one clock the leases of every host share.
 - Wake-ups across processes: every commit that adds updates NOTIFYs the table's channel, and
   `listen` holds one connection of its own, outside the pool, that LISTENs on it.
@@ -96,7 +98,9 @@ class PostgresBackend(Backend):
         self._compiled: dict[str, Compiled] = {}
         self._claims = ClaimShapes(self._claim_sql)
         self._history: History | None = None
-        self._kept = Kept(engine, self.write_lock)  # the insert's, the claim's, the settle's
+        self._kept = Kept(engine, self.write_lock)  # the insert's and the claim's
+        # The settle's own, planned once (see Kept), where the pool can spare a third.
+        self._settling = Kept(engine, self.write_lock, fewest=3, generic_plans=True)
 
     def prepare(
         self, table: Table, channel: str, history: History | None, outbox: Table | None
@@ -118,7 +122,7 @@ class PostgresBackend(Backend):
         self._claims = ClaimShapes(self._claim_sql)
 
     def _claim_sql(self, statement: ClauseElement) -> Compiled:
-        return driver_sql(self.engine, statement, expanded=True)
+        return driver_sql(self.engine, statement, expanded=True, positional=True)
 
     async def add_many(
         self, rows: Sequence[NewUpdate], *, guard: Update | None = None
@@ -134,13 +138,14 @@ class PostgresBackend(Backend):
             return (await execute(connection, self._compiled["add"], arrays)).all()
 
     async def _direct(self, compiled: Compiled, values: dict[str, Any]) -> list[Any]:
-        """The statements run most often (the batch insert, the claim, the batch settle), by
-        psycopg itself (`direct`), on the kept connection when it is free."""
+        """The statements run most often (the batch insert, the claim), by psycopg itself
+        (`direct`), on the kept connection when it is free."""
         async with self._kept.connection() as connection:
             return await direct(connection, compiled, values)
 
     async def close(self) -> None:
         await self._kept.close()
+        await self._settling.close()
 
     async def claim_next_owned(
         self,
@@ -259,7 +264,7 @@ class PostgresBackend(Backend):
         self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
     ) -> dict[tuple[str, int], bool | None]:
         arrays = settle_many_parameters(items)
-        async with self._kept.connection() as connection:
+        async with self._settling.connection() as connection:
             rows = await direct(connection, self._compiled["settle_many_owned"], arrays)
             settled: dict[tuple[str, int], bool | None] = {
                 (row.bot, row.update_id): bool(row.waiting) for row in rows
