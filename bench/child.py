@@ -1,4 +1,5 @@
-"""Child processes for the benchmarks: a free port, and a process started and stopped."""
+"""Child processes for the benchmarks: a free port, a process started and stopped, and the
+CPU time of a child or of the whole PostgreSQL cluster."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,9 +48,55 @@ class Child:
 
     def cpu_seconds(self) -> float:
         """CPU time the child has used so far, user and system."""
-        with open(f"/proc/{self.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _cpu_seconds(_stat(self.pid))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A PostgreSQL cluster running on this machine, by its postmaster's pid."""
+
+    postmaster: int
+
+    @classmethod
+    def serving(cls, url: str) -> Cluster:
+        """The cluster behind the libpq `url`: its data directory's postmaster.pid names the
+        postmaster (this process must be allowed to read the data directory)."""
+        with psycopg.connect(url) as connection:
+            row = connection.execute("SHOW data_directory").fetchone()
+        assert row is not None
+        return cls(int(Path(row[0], "postmaster.pid").read_text().split()[0]))
+
+    def cpu_seconds(self) -> float:
+        """CPU time the whole cluster has used so far, user and system: the postmaster's own,
+        its live children's (backends, autovacuum, WAL writer, checkpointer...) and its reaped
+        children's (the postmaster's cutime and cstime). Other clients of the cluster count
+        too. A child reaped after the postmaster is read and before it is read is missed."""
+        postmaster = _stat(self.postmaster)
+        seconds = _cpu_seconds(postmaster) + _cpu_seconds(postmaster, reaped=True)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = _stat(int(entry.name))
+            except (FileNotFoundError, ProcessLookupError):  # it has gone since the listing
+                continue
+            if int(fields[1]) == self.postmaster:
+                seconds += _cpu_seconds(fields)
+        return seconds
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the process's name (which may hold spaces): the
+    state first, then the parent's pid, and so on (proc(5)'s field 3 is index 0)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def _cpu_seconds(fields: list[str], *, reaped: bool = False) -> float:
+    """User and system time from `_stat`'s fields: the process's own (utime, stime), or with
+    `reaped` its waited-for children's (cutime, cstime)."""
+    user = 13 if reaped else 11
+    return (int(fields[user]) + int(fields[user + 1])) / os.sysconf("SC_CLK_TCK")
 
 
 # The peak RSS (MiB) of every child a benchmark ran, by label, the highest of each label:

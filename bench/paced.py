@@ -26,22 +26,29 @@ from bench.intake_servers import BOT, HOST
 def encode(template: str, secret: str, update_id: int, n: int) -> bytes:
     """The same request bench/intake.lua sends for this update_id."""
     chat = 1_000_000 + update_id % 1000
-    body = (template % (update_id, n, chat, chat, n)).encode()
+    return post(BOT, secret, (template % (update_id, n, chat, chat, n)).encode())
+
+
+def post(bot: str, secret: str, body: bytes) -> bytes:
+    """A webhook POST of `body` to bot `bot`, with its secret, as Telegram sends it."""
     head = (
-        f"POST /telegram/{BOT} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+        f"POST /telegram/{bot} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
         f"X-Telegram-Bot-Api-Secret-Token: {secret}\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
 
-async def read_status(reader: asyncio.StreamReader) -> int:
+async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
+    """One answer, its body read and dropped: its status and its headers (names in lower case,
+    the last of a repeated one)."""
     head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.lower().split(b"\r\n"):
-        if line.startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    await reader.readexactly(length)
-    return int(head[9:12])
+    headers: dict[bytes, bytes] = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon:
+            headers[name.strip().lower()] = value.strip()
+    await reader.readexactly(int(headers.get(b"content-length", 0)))
+    return int(head[9:12]), headers
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
@@ -57,7 +64,8 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
             n = await due.get()
             try:
                 writer.write(encode(args.template, args.secret, args.first + n, n))
-                statuses[await read_status(reader)] += 1
+                status, _ = await read_head(reader)
+                statuses[status] += 1
                 latencies.append(time.perf_counter() - (start + n / args.rate))
             except (OSError, asyncio.IncompleteReadError):
                 statuses[0] += 1  # a socket error: count it, reconnect, go on
