@@ -47,12 +47,11 @@ import psycopg
 from app.store.migrate import upgrade
 from app.store.schema import DEFAULT_TABLE
 from bench.child import Child, free_port
-from bench.fixtures import SECRET, body, fresh_schema, serve, worker_env
+from bench.fixtures import BOT, SECRET, body, fresh_schema, serve, worker_env
 from bench.intake_servers import HOST
 from bench.paced import post, read_head
 from bench.store import POSTGRES_URL
 
-BOT = "default"  # the bot a bare INTAKE_SECRET_TOKEN makes
 BUDGET_MS = 2_000
 TARGET_SECONDS = BUDGET_MS / 1000 * 1.15 + 0.3
 GROWTH_MIB = 64  # at most, at the peak of a round

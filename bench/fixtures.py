@@ -17,6 +17,7 @@ from bench.child import Child, process
 from bench.store import POSTGRES_URL
 
 SECRET = "bench-secret_token"  # noqa: S105 - a fixed test secret
+BOT = "default"  # the bot that a bare INTAKE_SECRET_TOKEN makes
 CHATS = 500
 
 
