@@ -585,52 +585,59 @@ async def test_a_connection_that_answers_read_only_is_not_kept_for_the_insert(
         postgres_admin.execute(f"DROP ROLE {role}")
 
 
-async def test_the_settle_is_planned_once_on_a_kept_connection_of_its_own(
-    postgres_storage: Storage, postgres_admin: psycopg.Connection
+async def test_the_claim_and_the_settle_are_planned_once_on_kept_connections(
+    postgres_storage: Storage,
 ) -> None:
-    # PostgreSQL's own choice re-planned the batch settle at almost every run: its kept
-    # connection forces the generic plan, and the pool's connections keep their own mode.
-    url = make_url(postgres_storage.url()).update_query_dict({"application_name": "settling"})
-    store = await open_store(url.render_as_string(hide_password=False), pool_size=4)
+    # PostgreSQL's own choice planned the claim anew at every run, and the batch settle at
+    # almost every one: the kept connections force the generic plan; the pool's other
+    # connections keep their own mode. The settle has a kept connection of its own.
+    store = await open_store(postgres_storage.url(), pool_size=4)
     backend = store._backend
     assert isinstance(backend, PostgresBackend)
     try:
         for update_id in range(1, 41):
             await store.add("shop", update_id, "{}", 0)
         now = _now()
-        for _ in range(20):  # twenty settles of two rows, each batch's arrays of other sizes
+        for _ in range(20):  # twenty claims and settles of two rows
             claimed = await store.claim_next_owned(
                 now=now, lease_until=now + 60_000, max_attempts=3, limit=2, ordering="chat"
             )
             assert await store.settle_many_owned(
                 [(c.identity, Completed(now)) for c in claimed]
             ) == [True, True]
-        async with backend._settling.connection() as connection:
-            mode = (await connection.exec_driver_sql("SHOW plan_cache_mode")).scalar_one()
-            plans = (
-                await connection.exec_driver_sql(
-                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                    "WHERE statement ILIKE '%%unnest%%'"
+        plans = {}
+        for name, kept, marker in (
+            ("claim", backend._kept, "%%window_end%%"),
+            ("settle", backend._settling, "%%unnest%%"),
+        ):
+            async with kept.connection() as connection:
+                mode = (await connection.exec_driver_sql("SHOW plan_cache_mode")).scalar_one()
+                plans[name] = (
+                    mode,
+                    (
+                        await connection.exec_driver_sql(
+                            "SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements "
+                            f"WHERE statement ILIKE '{marker}'"
+                        )
+                    ).one(),
                 )
-            ).all()
-        assert mode == "force_generic_plan"
-        assert plans, "the settle was never prepared"
-        assert sum(custom for _, custom in plans) == 0
-        assert sum(generic for generic, _ in plans) >= 10
-        # The claim and the insert keep PostgreSQL's own choice, as does every other
-        # connection of the pool.
         async with store.transaction() as connection:
             other = (await connection.exec_driver_sql("SHOW plan_cache_mode")).scalar_one()
-        assert other == "auto"
     finally:
         await store.close()
+    for name, (mode, (generic, custom)) in plans.items():
+        assert mode == "force_generic_plan", name
+        assert generic is not None, f"the {name} was never prepared"
+        assert generic >= 10, name
+        assert custom == 0, name
+    assert other == "auto"
 
 
 async def test_a_kept_connection_goes_back_to_the_pool_planning_as_before(
     postgres_storage: Storage,
 ) -> None:
     engine = async_engine(make_url(postgres_storage.url()), pool_size=3)
-    kept = Kept(engine, asyncio.Semaphore(3), generic_plans=True)
+    kept = Kept(engine, asyncio.Semaphore(3))
     try:
         async with kept.connection() as connection:
             before = (await connection.exec_driver_sql("SHOW plan_cache_mode")).scalar_one()

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pytest
+from psycopg import sql as psql
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -20,6 +21,7 @@ from app.store import (
     open_store,
 )
 from app.store.backends import postgres_statements, sqlite_statements
+from app.store.backends.postgres import PostgresBackend
 from app.store.claims import statements as claims
 from app.store.control import statements as control
 from app.store.exhaustions import statements as exhaustions
@@ -221,6 +223,94 @@ async def test_statements_use_indexes_with_a_million_retained_rows(storage: Stor
             # The control: a filter on an unindexed column must be seen as a scan.
             control = select(store.table.c.bot).where(store.table.c.body == "{}")
             assert scans(await explain(connection, store, control), store.dialect)
+        assert found == {}
+    finally:
+        await store.close()
+
+
+async def _generic_plan(
+    connection: AsyncConnection, store: SqlUpdateStore, text: str, values: list[Any]
+) -> list[str]:
+    """The plan PostgreSQL keeps for `text` (in `$n` form) under force_generic_plan, as a kept
+    connection runs it (`postgres_execution.Kept`): planned once, for any values."""
+    await connection.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+    await connection.exec_driver_sql(f"PREPARE kept_statement AS {text}")
+    try:
+        literals = psql.SQL(", ").join(psql.Literal(value) for value in values).as_string()
+        execute = f"EXPLAIN (FORMAT JSON) EXECUTE kept_statement({literals})"
+        plan = (await connection.exec_driver_sql(execute.replace("%", "%%"))).scalar()
+    finally:
+        await connection.exec_driver_sql("DEALLOCATE kept_statement")
+        await connection.exec_driver_sql("RESET plan_cache_mode")
+    lines: list[str] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        lines.append(
+            f"{node['Node Type']} {node.get('Relation Name', '')} "
+            f"{node.get('Index Name', '')}".strip()
+        )
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
+    return lines
+
+
+def _numbered(text: str) -> tuple[str, list[str]]:
+    """psycopg's named SQL (`%(name)s`, `%(name)b`) in `$n` form, and the names in order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return "%"
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)[sb]|%%", number, text), names
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("query-plans")  # untimed: not in the serial group
+async def test_kept_statements_generic_plans_use_indexes_with_a_million_retained_rows(
+    postgres_storage: Storage,
+) -> None:
+    # The claim and the batch settle run on kept connections that plan them once, for any
+    # values: that one plan must find its rows by the indexes too, as the custom ones do.
+    store = await open_store(postgres_storage.url(), pool_size=4)
+    backend = store._backend
+    assert isinstance(backend, PostgresBackend)
+    try:
+        await fill(store.engine)
+        for ordering in ("chat", "none"):  # every shape compiled, for a bot with no rows
+            for bots in (["nobody"], None):
+                await store.claim_next_owned(
+                    now=NOW, lease_until=LEASE, max_attempts=8, limit=64, ordering=ordering,
+                    bots=bots, durable_exhaustion=True,
+                )  # fmt: skip
+        numbers = {"now": NOW, "lease_until": LEASE, "max_attempts": 8, "limit": 64}
+        numbers |= {"window": 4, "worker": "w"}
+        kept: dict[str, tuple[str, list[Any]]] = {}
+        for key, compiled in backend._claims._compiled.items():
+            assert compiled.names is not None
+            values = {**compiled.constants, **numbers}
+            shop = ["shop" if values[name] == "nobody" else values[name] for name in compiled.names]
+            kept[f"claim {key}"] = compiled.text, shop
+        settle = backend._compiled["settle_many_owned"]
+        text, names = _numbered(settle.text)
+        _, items = _settle_many(store)
+        values = {**settle.constants, **items}
+        kept["settle_many_owned"] = text, [values[name] for name in names]
+        assert len(kept) == 5
+        found: dict[str, list[str]] = {}
+        async with backend.engine.connect() as connection:  # autocommitting
+            for name, (text, args) in kept.items():
+                plan = await _generic_plan(connection, store, text, args)
+                if scans(plan, "postgresql"):
+                    found[name] = plan
+            # The control: a generic plan over an unindexed column must be seen as a scan.
+            control = "SELECT bot FROM telegram_updates WHERE body = $1"
+            assert scans(await _generic_plan(connection, store, control, ["{}"]), "postgresql")
         assert found == {}
     finally:
         await store.close()

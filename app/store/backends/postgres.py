@@ -8,8 +8,9 @@
   and under load some requests then wait seconds while most wait milliseconds.
 - The statements run most often (the batch insert, the batch settle, `owns`, the claim per
   shape) are compiled once to psycopg's SQL; their batch arrays travel in binary. The claim,
-  longer than psycopg's cache of converted statements takes, is converted to `$n` once; the
-  settle runs on a kept connection of its own that plans it once (`postgres_execution`).
+  longer than psycopg's cache of converted statements takes, is converted to `$n` once. They
+  run on kept connections, which plan each statement once (`postgres_execution.Kept`); the
+  settle on one of its own.
 - The clock is the database's: the one clock the leases of every host share.
 - Wake-ups across processes: every commit that adds updates NOTIFYs the table's channel, and
   `listen` holds one connection of its own, outside the pool, that LISTENs on it.
@@ -99,8 +100,7 @@ class PostgresBackend(Backend):
         self._claims = ClaimShapes(self._claim_sql)
         self._history: History | None = None
         self._kept = Kept(engine, self.write_lock)  # the insert's and the claim's
-        # The settle's own, planned once (see Kept), where the pool can spare a third.
-        self._settling = Kept(engine, self.write_lock, fewest=3, generic_plans=True)
+        self._settling = Kept(engine, self.write_lock, fewest=3)  # where the pool spares a third
 
     def prepare(
         self, table: Table, channel: str, history: History | None, outbox: Table | None
