@@ -103,11 +103,23 @@ class Batcher(Generic[Item, Result]):
             return await future
         finally:
             self._callers -= 1
-            self._tickets.pop(ticket, None)
+            if self._tickets.pop(ticket, None) is not None:
+                self._drop_left()
             self._waiting.pop(future, None)  # still waiting: the caller gave up (cancelled)
             # A failure's traceback holds this frame; without the future in it there is no
             # cycle, and the item is freed as soon as the caller is done with it.
             del future
+
+    def _drop_left(self) -> None:
+        """Take a few entries of callers that have left off the top of the budgets' heap, as
+        each caller leaves: the heap stays about as long as the callers in it, and is never
+        cleared in one go: after 5 s at 14,000 requests/s, popping its 70,000 entries at once
+        held the event loop for about 56 ms, the intake's p99 at 64 connections."""
+        deadlines, tickets = self._deadlines, self._tickets
+        for _ in range(4):  # more than the one entry each caller adds
+            if not deadlines or deadlines[0][1] in tickets:
+                return
+            heapq.heappop(deadlines)
 
     def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         if self._timer is not None:
