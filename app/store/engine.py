@@ -5,6 +5,8 @@ store errors. How each backend's engine is set up is in its module
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -13,9 +15,13 @@ from app.store.backends import postgres_engine, sqlite_engine
 
 
 def normalise_url(url: str | URL, *, asynchronous: bool = True) -> URL:
-    """Map `sqlite://` and `postgresql://` (and `postgres://`) onto the drivers we ship."""
-    if isinstance(url, str) and url.startswith("postgres://"):
-        url = "postgresql://" + url.removeprefix("postgres://")
+    """Map `sqlite://` and `postgresql://` (and `postgres://`) onto the drivers we ship. A
+    PostgreSQL URL may name several hosts, libpq's way (`postgresql://u@h1:5432,h2:5432/db`)
+    or SQLAlchemy's (`?host=h1:5432&host=h2:5432`, or `?host=h1,h2&port=5432,5432`)."""
+    if isinstance(url, str):
+        if url.startswith("postgres://"):
+            url = "postgresql://" + url.removeprefix("postgres://")
+        url = _hosts_in_query(url)
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -28,6 +34,41 @@ def normalise_url(url: str | URL, *, asynchronous: bool = True) -> URL:
     if named_driver not in ("", "aiosqlite", "pysqlite", "psycopg"):
         raise ValueError(f"database URL driver {named_driver!r}: use psycopg or aiosqlite")
     return parsed.set(drivername=driver)
+
+
+def _hosts_in_query(url: str) -> str:
+    """libpq's multi-host URL (`scheme://[user@]h1[:p1],h2[:p2]/db?...`), which SQLAlchemy's
+    parser cannot read (it takes `h1:p1,h2` for a host and `p2` for its port), in SQLAlchemy's
+    own form: `scheme://[user@]/db?host=h1,h2&port=p1,p2&...`. A host may be an IPv6 address
+    in brackets; a host without a port takes libpq's default. Any other URL is left as it is."""
+    scheme, separator, rest = url.partition("://")
+    if not separator or not scheme.startswith("postgresql"):
+        return url
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    user, at, hosts = authority.rpartition("@")
+    if "," not in hosts:
+        return url
+    names, ports = [], []
+    for entry in hosts.split(","):
+        match = _HOST_PORT.fullmatch(entry)
+        if match is None or not (match["name"] or match["v6"]):
+            raise ValueError(f"database URL: {entry!r} is not a host[:port]")
+        names.append(match["v6"] or match["name"])
+        ports.append(match["port"] or "")
+    path, _, query = tail.partition("?")
+    given = [pair.partition("=")[0] for pair in query.split("&") if pair]
+    if "host" in given or "port" in given:
+        raise ValueError("database URL: hosts both before the path and in its query")
+    hosts_query = f"host={','.join(names)}&port={','.join(ports)}"
+    query = f"{hosts_query}&{query}" if query else hosts_query
+    return f"{scheme}://{user}{at}{path or '/'}?{query}"
+
+
+# A host name or address, or an IPv6 address in brackets; then an optional port.
+_HOST_PORT = re.compile(
+    r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[^:\[\]/?#@]*))(?::(?P<port>\d+))?"
+)
 
 
 def create_store_engine(

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from app.store import ClaimIdentity, Completed, Failed, SchemaError, StoreUnavailable, open_store
 from app.store.backends.sqlite import SqliteBackend
@@ -164,6 +165,68 @@ async def test_open_store_on_a_missing_table_names_the_upgrade(storage: Storage)
 )
 def test_normalise_url_maps_plain_urls_onto_our_drivers(given: str, expected: str) -> None:
     assert normalise_url(given).render_as_string() == expected
+
+
+LIBPQ_DIALECT = PGDialect_psycopg()
+
+
+@pytest.mark.parametrize(
+    ("given", "hosts", "ports", "rest"),
+    [
+        (  # libpq's form, as Patroni and managed services print it
+            "postgresql://u:p@h1:5432,h2:5433/db?target_session_attrs=read-write",
+            "h1,h2",
+            "5432,5433",
+            {"dbname": "db", "user": "u", "password": "p", "target_session_attrs": "read-write"},
+        ),
+        ("postgres://u@h1,h2:6000/db", "h1,h2", ",6000", {"dbname": "db", "user": "u"}),
+        ("postgresql://u@[::1]:5432,[fe80::2]/db", "::1,fe80::2", "5432,", {"dbname": "db"}),
+        ("postgresql://u@h1:1,h2:2?sslmode=require", "h1,h2", "1,2", {"sslmode": "require"}),
+        (  # SQLAlchemy's own form, as it is
+            "postgresql://u@/db?host=h1:5432&host=h2:5433&target_session_attrs=read-write",
+            "h1,h2",
+            "5432,5433",
+            {"dbname": "db", "target_session_attrs": "read-write"},
+        ),
+        ("postgresql://u@/db?host=h1,h2&port=1,2", "h1,h2", "1,2", {"dbname": "db"}),
+    ],
+)
+def test_normalise_url_reads_several_hosts_in_libpqs_form_and_sqlalchemys(
+    given: str, hosts: str, ports: str, rest: dict[str, str]
+) -> None:
+    url = normalise_url(given)
+    _, arguments = LIBPQ_DIALECT.create_connect_args(url)
+    assert url.drivername == "postgresql+psycopg"
+    assert (arguments.pop("host"), arguments.pop("port")) == (hosts, ports)
+    assert rest.items() <= arguments.items()
+    # The form settings keep (rendered) reads back the same.
+    again = normalise_url(url.render_as_string(hide_password=False))
+    assert LIBPQ_DIALECT.create_connect_args(again)[1] == {
+        **arguments,
+        "host": hosts,
+        "port": ports,
+    }
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("postgresql://u@h1:1,h2:x/db", "not a host"),
+        ("postgresql://u@h1,,h2/db", "not a host"),
+        ("postgresql://u@h1,h2/db?host=h3", "both"),
+        ("postgresql://u@h1,h2/db?port=5", "both"),
+    ],
+)
+def test_normalise_url_refuses_hosts_it_cannot_read(url: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        normalise_url(url)
+
+
+def test_one_host_and_sqlite_paths_with_commas_are_left_as_they_are() -> None:
+    assert normalise_url("postgresql://u@h:5/db").render_as_string() == (
+        "postgresql+psycopg://u@h:5/db"
+    )
+    assert normalise_url("sqlite:///var/a,b.db").database == "var/a,b.db"
 
 
 @pytest.mark.parametrize("url", ["mysql://u@h/db", "postgresql+asyncpg://u@h/db"])

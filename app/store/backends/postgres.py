@@ -360,13 +360,14 @@ class PostgresBackend(Backend):
                 "updates every INTAKE_POLL_INTERVAL_SECONDS instead"
             )
             return
-        target = (direct or self.engine.url).set(drivername="postgresql")
-        conninfo = target.render_as_string(hide_password=False)
+        # The pool's own way from URL to libpq's arguments: several hosts, with
+        # target_session_attrs, reach the primary whichever it is now.
+        _, arguments = self.engine.dialect.create_connect_args(direct or self.engine.url)
         pause = 0.1
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    conninfo,
+                    **arguments,
                     autocommit=True,
                     application_name="telegram-intake listener",
                     connect_timeout=5,

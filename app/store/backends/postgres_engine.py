@@ -1,5 +1,6 @@
-"""PostgreSQL's engine: psycopg's connection arguments, the pool, the role's timeouts, and
-the options that tell a transaction pooler or a direct URL for LISTEN."""
+"""PostgreSQL's engine: psycopg's connection arguments, the pool, the role's timeouts, the
+options that tell a transaction pooler or a direct URL for LISTEN, and a server that answers
+"read-only" taken for a lost one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from sqlalchemy import (
     event,
 )
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,7 @@ PGBOUNCER = "intake_pgbouncer"  # execution option: the engine's URL is a transa
 
 
 LISTEN_URL = "intake_listen_url"  # execution option: a direct URL for LISTEN, or None
+READ_ONLY_TRANSACTION = "25006"  # SQLSTATE read_only_sql_transaction
 
 
 def connect_args(
@@ -81,7 +83,20 @@ def async_engine(
         _check_role_timeouts(
             engine, statement_timeout=statement_timeout_ms, lock_timeout=lock_timeout_ms
         )
+    event.listen(engine.sync_engine, "handle_error", _read_only_is_lost)
     return engine
+
+
+def _read_only_is_lost(context: ExceptionContext) -> None:
+    """A server that answers "read-only" is a standby now (a failover demoted the primary this
+    connection reached): as SQLAlchemy treats a dropped connection, it is discarded and every
+    connection the pool made before now is replaced at its next checkout, which finds the new
+    primary (`target_session_attrs=read-write`). The store calls it unavailable, so callers
+    retry rather than taking it for a fault of their data. `postgres_execution.direct` does
+    the same for the statements psycopg runs itself."""
+    original = context.original_exception
+    if getattr(original, "sqlstate", None) == READ_ONLY_TRANSACTION:
+        context.is_disconnect = True
 
 
 # The server's own timeouts of a session, in ms (pg_settings gives these two in ms).

@@ -19,11 +19,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ClauseElement
 
-from app.store.backends.postgres_engine import PGBOUNCER
+from app.store.backends.postgres_engine import PGBOUNCER, READ_ONLY_TRANSACTION
 
 __all__ = ["Compiled", "Kept", "direct", "driver_sql", "execute"]
 
-READ_ONLY_TRANSACTION = "25006"  # SQLSTATE read_only_sql_transaction
 PLAN_CACHE_MODE, GENERIC = "plan_cache_mode", "force_generic_plan"
 # A named placeholder, or the escaped percent sign of psycopg's SQL.
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
