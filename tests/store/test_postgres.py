@@ -616,8 +616,8 @@ async def test_the_claim_and_the_settle_are_planned_once_on_kept_connections(
                     mode,
                     (
                         await connection.exec_driver_sql(
-                            "SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements "
-                            f"WHERE statement ILIKE '{marker}'"
+                            "SELECT sum(generic_plans), sum(custom_plans) "
+                            f"FROM pg_prepared_statements WHERE statement ILIKE '{marker}'"
                         )
                     ).one(),
                 )
