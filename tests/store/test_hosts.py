@@ -76,6 +76,13 @@ def hosts_url(storage_url: str, *ports: int, form: str = "libpq") -> str:
     return f"postgresql://{url.username}@{hosts}/{url.database}?{query}"
 
 
+def primary_port(storage_url: str) -> int:
+    """The port of the test session's server, where `storage_url` points."""
+    port = make_url(storage_url).port
+    assert port is not None
+    return port
+
+
 def schema_of(storage_url: str) -> str:
     options = make_url(storage_url).query["options"]
     assert isinstance(options, str)
@@ -85,8 +92,7 @@ def schema_of(storage_url: str) -> str:
 @pytest.mark.parametrize("form", ["libpq", "sqlalchemy"])
 async def test_a_dead_host_first_is_passed_over(postgres_storage: Storage, form: str) -> None:
     url = postgres_storage.url()
-    primary = make_url(url).port
-    assert primary is not None
+    primary = primary_port(url)
     store = await open_store(hosts_url(url, free_port(), primary, form=form), pool_size=2)
     try:
         assert await store.add("shop", 1, "{}", 0)
@@ -99,8 +105,7 @@ async def test_a_read_only_server_is_passed_over_for_the_read_write_one(
     postgres_storage: Storage, other_server: Cluster
 ) -> None:
     url = postgres_storage.url()
-    primary = make_url(url).port
-    assert primary is not None
+    primary = primary_port(url)
     read_only(other_server, True)
     try:
         store = await open_store(hosts_url(url, other_server.port, primary), pool_size=2)
@@ -121,8 +126,7 @@ async def test_a_primary_turned_read_only_is_let_go_for_the_new_one(
     # itself (the insert) and by SQLAlchemy (a lease check), fail as unavailable, and the
     # ones after them reach this session's server, with no restart.
     url = postgres_storage.url()
-    primary = make_url(url).port
-    assert primary is not None
+    primary = primary_port(url)
     schema = schema_of(url)
     other_url = other_server.url("test")
     with psycopg.connect(other_url, autocommit=True) as admin:
@@ -156,8 +160,7 @@ async def test_wake_ups_are_heard_through_several_hosts(
     # The LISTEN connection is built from the URL as the pool's are: with a dead host first
     # it still reaches the server, where the other store's insert NOTIFYs it.
     url = postgres_storage.url()
-    primary = make_url(url).port
-    assert primary is not None
+    primary = primary_port(url)
     listener = await open_store(hosts_url(url, free_port(), primary, form=form), pool_size=2)
     writer = await open_store(url, pool_size=2)
     woken = asyncio.Event()
@@ -181,8 +184,7 @@ def test_migrate_and_alembic_take_libpqs_multi_host_url(
     postgres_storage: Storage, command: str
 ) -> None:
     url = postgres_storage.url(revision=None)
-    primary = make_url(url).port
-    assert primary is not None
+    primary = primary_port(url)
     argv = (
         [sys.executable, "-m", "app.cli", "migrate"]
         if command == "migrate"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 
@@ -10,6 +11,7 @@ import psycopg
 import pytest
 from sqlalchemy import Integer, Text, bindparam, literal_column, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from app.dispatch.settler import Settler
 from app.store import (
@@ -20,12 +22,11 @@ from app.store import (
     StoreUnavailable,
     open_store,
 )
-from app.store.backends.postgres import PostgresBackend
 from app.store.backends.postgres_engine import async_engine
 from app.store.backends.postgres_execution import Kept, direct, driver_sql
 from app.store.claims import statements as claims
 from tests.conftest import Storage, table_locked
-from tests.store.test_query_plans import explain
+from tests.store.test_query_plans import explain, postgres_store
 
 
 def _now() -> int:
@@ -591,9 +592,7 @@ async def test_the_claim_and_the_settle_are_planned_once_on_kept_connections(
     # PostgreSQL's own choice planned the claim anew at every run, and the batch settle at
     # almost every one: the kept connections force the generic plan; the pool's other
     # connections keep their own mode. The settle has a kept connection of its own.
-    store = await open_store(postgres_storage.url(), pool_size=4)
-    backend = store._backend
-    assert isinstance(backend, PostgresBackend)
+    store, backend = await postgres_store(postgres_storage.url())
     try:
         for update_id in range(1, 41):
             await store.add("shop", update_id, "{}", 0)
@@ -682,9 +681,7 @@ async def test_the_positional_form_reads_what_the_named_form_reads(
 async def test_the_claim_runs_in_positional_form_and_the_settle_in_named_form(
     postgres_storage: Storage,
 ) -> None:
-    store = await open_store(postgres_storage.url(), pool_size=4)
-    backend = store._backend
-    assert isinstance(backend, PostgresBackend)
+    store, backend = await postgres_store(postgres_storage.url())
     try:
         await store.add("shop", 1, "{}", 0)
         now = _now()
@@ -698,3 +695,30 @@ async def test_the_claim_runs_in_positional_form_and_the_settle_in_named_form(
         assert backend._compiled["settle_many_owned"].names is None  # its arrays go in binary
     finally:
         await store.close()
+
+
+async def test_a_kept_connection_that_cannot_connect_holds_no_permit() -> None:
+    # While the database is down every try to keep a connection fails: none may keep one of
+    # the pool's permits, or a database that comes back finds a process that can never
+    # again run a statement (the chaos run hung so, on a crash of PostgreSQL).
+    url = make_url(f"postgresql+psycopg://postgres@127.0.0.1:{_dead_port()}/x")
+    engine = async_engine(url, pool_size=2)
+    permits = asyncio.Semaphore(2)
+    kept = Kept(engine, permits)
+    try:
+        async with asyncio.timeout(10):  # a leaked permit: the third try waits for ever
+            for _ in range(3):
+                with pytest.raises(DBAPIError):
+                    async with kept.connection():
+                        raise AssertionError("no connection was to be had")
+            for _ in range(2):
+                await permits.acquire()
+    finally:
+        await kept.close()
+        await engine.dispose()
+
+
+def _dead_port() -> int:
+    with socket.socket() as probe:  # bound and closed: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

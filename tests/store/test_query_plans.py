@@ -163,6 +163,20 @@ async def explain(connection: AsyncConnection, store: SqlUpdateStore, statement:
         rows = (await connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", args)).all()
         return [str(row[-1]) for row in rows]
     plan = (await connection.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {sql}", args)).scalar()
+    return plan_lines(plan)
+
+
+async def postgres_store(url: str) -> tuple[SqlUpdateStore, PostgresBackend]:
+    """A store on `url` with a pool of four, and its backend: the kept connections and the
+    compiled statements the tests look into."""
+    store = await open_store(url, pool_size=4)
+    backend = store._backend
+    assert isinstance(backend, PostgresBackend)
+    return store, backend
+
+
+def plan_lines(plan: Any) -> list[str]:
+    """PostgreSQL's JSON plan, one line per node: its type, relation and index."""
     lines: list[str] = []
 
     def walk(node: dict[str, Any]) -> None:
@@ -242,18 +256,7 @@ async def _generic_plan(
     finally:
         await connection.exec_driver_sql("DEALLOCATE kept_statement")
         await connection.exec_driver_sql("RESET plan_cache_mode")
-    lines: list[str] = []
-
-    def walk(node: dict[str, Any]) -> None:
-        lines.append(
-            f"{node['Node Type']} {node.get('Relation Name', '')} "
-            f"{node.get('Index Name', '')}".strip()
-        )
-        for child in node.get("Plans", []):
-            walk(child)
-
-    walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
-    return lines
+    return plan_lines(plan)
 
 
 def _numbered(text: str) -> tuple[str, list[str]]:
@@ -277,9 +280,7 @@ async def test_kept_statements_generic_plans_use_indexes_with_a_million_retained
 ) -> None:
     # The claim and the batch settle run on kept connections that plan them once, for any
     # values: that one plan must find its rows by the indexes too, as the custom ones do.
-    store = await open_store(postgres_storage.url(), pool_size=4)
-    backend = store._backend
-    assert isinstance(backend, PostgresBackend)
+    store, backend = await postgres_store(postgres_storage.url())
     try:
         await fill(store.engine)
         for ordering in ("chat", "none"):  # every shape compiled, for a bot with no rows

@@ -23,7 +23,8 @@ from app.store.backends.postgres_engine import PGBOUNCER, READ_ONLY_TRANSACTION
 
 __all__ = ["Compiled", "Kept", "direct", "driver_sql", "execute"]
 
-PLAN_CACHE_MODE, GENERIC = "plan_cache_mode", "force_generic_plan"
+PLAN_ONCE = "SET plan_cache_mode = force_generic_plan"  # while a connection is kept
+PLAN_AS_USUAL = "RESET plan_cache_mode"  # before it goes back to the pool
 # A named placeholder, or the escaped percent sign of psycopg's SQL.
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 
@@ -185,12 +186,17 @@ class Kept:
     async def _keep(self) -> None:
         await self._permits.acquire()
         try:
-            self._connection = await self._engine.connect()
-            if self._generic:
-                await self._connection.exec_driver_sql(f"SET {PLAN_CACHE_MODE} = {GENERIC}")
+            connection = await self._engine.connect()
         except BaseException:
-            await self._let_go()
+            self._permits.release()  # no connection: the permit is not held by anything
             raise
+        self._connection = connection
+        if self._generic:
+            try:
+                await connection.exec_driver_sql(PLAN_ONCE)
+            except BaseException:
+                await self._let_go()
+                raise
 
     async def _let_go(self) -> None:
         connection, self._connection = self._connection, None
@@ -199,7 +205,7 @@ class Kept:
         try:
             if self._generic and not connection.invalidated:
                 try:
-                    await connection.exec_driver_sql(f"RESET {PLAN_CACHE_MODE}")
+                    await connection.exec_driver_sql(PLAN_AS_USUAL)
                 except DBAPIError as error:  # not reset: not for the pool either
                     await connection.invalidate(error)
             await connection.close()
