@@ -52,6 +52,9 @@ class Settings(BaseSettings, BotOptions):
     # PostgreSQL: no statement of the service waits longer than these (0: no limit).
     statement_timeout_ms: int = Field(30_000, ge=0, le=3_600_000)
     lock_timeout_ms: int = Field(5_000, ge=0, le=3_600_000)
+    # At start, `serve`, `run` and `worker` wait this long for an unavailable database (a
+    # failover's gap, a database still starting) before they give up and exit.
+    database_wait_seconds: float = Field(60, ge=0, le=3600)
     # The URL is PgBouncer in transaction pooling mode: no prepared statements, no session
     # settings (the timeouts are the role's), LISTEN only through a direct URL.
     database_pgbouncer: bool = False

@@ -23,7 +23,7 @@ from app.intake.committer import GroupCommitter
 from app.intake.route import Intake
 from app.intake.route import router as intake_router
 from app.metrics import Metrics
-from app.store import open_store
+from app.store import open_store_waiting
 
 
 def create_app(
@@ -42,7 +42,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Service) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            store = await open_store(settings.database_url, **settings.store_options())
+            store = await open_store_waiting(
+                settings.database_url,
+                wait=settings.database_wait_seconds,
+                **settings.store_options(),
+            )
             stack.push_async_callback(store.close)
             settings.check_schema(store)
             dispatcher: Dispatcher | None = None

@@ -26,7 +26,7 @@ from app.http.connection_limits import ConnectionLimits
 from app.http.guard import install_guard
 from app.http.server import server_config
 from app.metrics import Metrics
-from app.store import OperatorStore, open_store
+from app.store import OperatorStore, open_store_waiting
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 async def run_worker(settings: Settings) -> None:
     """Dispatch every configured bot's updates until SIGTERM or SIGINT, then stop gracefully:
     in-flight attempts get `shutdown_grace_seconds`, the rest are handed back."""
-    store = await open_store(settings.database_url, **settings.store_options())
+    store = await open_store_waiting(
+        settings.database_url, wait=settings.database_wait_seconds, **settings.store_options()
+    )
     metrics = Metrics.of(settings)
     try:
         stopping = asyncio.Event()

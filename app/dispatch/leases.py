@@ -2,8 +2,10 @@
 
 Every lease/3 while its request runs, an attempt's lease is renewed with `renew_owned(...,
 now=)` (`renew` for a plain bot), which never revives a lapsed lease. A refused renewal, or
-the last proven lease about to run out (renewals failing, say, because the database is
-unreachable), calls `lost`: the owner-lost signal, which cancels the request.
+the last proven lease within two ticks of its end (renewals failing, say, because the
+database is unreachable: a partition), calls `lost`: the owner-lost signal, which cancels
+the request while more than a tick of the lease is left. The tick is a sixth of the
+shortest lease, at most 1 s.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ class LeaseKeeper:
                 for attempt in list(self._attempts):
                     if not attempt.forwarding or attempt.lost:
                         continue
-                    if now + tick_ms >= attempt.lease_until:
-                        # It would lapse before the next look: stop the request while the
-                        # lease still holds, rather than let it run on unowned.
+                    if now + 2 * tick_ms >= attempt.lease_until:
+                        # It could lapse before the look after next: stop the request while
+                        # at least a look's worth of the lease still holds (more than a tick
+                        # even when this look came late), rather than let it run unowned.
                         self._lost(attempt, "lease_ran_out")
                     elif (
                         not attempt.renewing

@@ -16,7 +16,7 @@ from app.store.contract import (
 )
 from app.store.errors import SchemaError, StoreBusy, StoreError, StoreUnavailable
 from app.store.schema import DEFAULT_TABLE
-from app.store.store import SqlUpdateStore, open_store
+from app.store.store import SqlUpdateStore, open_store, open_store_waiting
 from app.store.types import (
     Abandoned,
     ActivitySlot,
@@ -86,4 +86,5 @@ __all__ = [
     "UpdateStore",
     "WebhookInfo",
     "open_store",
+    "open_store_waiting",
 ]

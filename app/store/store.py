@@ -9,6 +9,11 @@ What the two databases do differently is each one's `Backend` (`app.store.backen
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from typing import Any
+
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store import validate
@@ -19,6 +24,7 @@ from app.store.claims.methods import ClaimMethods
 from app.store.control.methods import ControlMethods
 from app.store.core import read_capability, read_revision
 from app.store.engine import create_store_engine
+from app.store.errors import StoreUnavailable
 from app.store.events.methods import EventMethods
 from app.store.exhaustions.methods import ExhaustionMethods
 from app.store.polling.methods import PollingMethods
@@ -28,7 +34,9 @@ from app.store.sessions.methods import SessionMethods
 from app.store.settles.methods import SettleMethods
 from app.store.views.methods import ViewMethods
 
-__all__ = ["SqlUpdateStore", "open_store", "read_capability"]
+__all__ = ["SqlUpdateStore", "open_store", "open_store_waiting", "read_capability"]
+
+log = logging.getLogger(__name__)
 
 
 class SqlUpdateStore(
@@ -84,3 +92,22 @@ async def open_store(
         await engine.dispose()
         raise
     return SqlUpdateStore(engine, table, revision, history=history, worker=worker, events=events)
+
+
+async def open_store_waiting(url: str, *, wait: float, **options: Any) -> SqlUpdateStore:
+    """`open_store`, retried while the database is unavailable, for up to `wait` seconds: a
+    process that starts in a failover's gap (or before its database) finds it once it is
+    up, rather than exiting. Every other error, and the last unavailability, is raised."""
+    deadline = time.monotonic() + wait
+    pause = 0.2
+    while True:
+        try:
+            return await open_store(url, **options)
+        except StoreUnavailable as error:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            pause = min(pause, left)
+            log.warning("%s; trying again in %.1f s (for %.0f s more)", error, pause, left)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)

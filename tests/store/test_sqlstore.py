@@ -9,7 +9,15 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
-from app.store import ClaimIdentity, Completed, Failed, SchemaError, StoreUnavailable, open_store
+from app.store import (
+    ClaimIdentity,
+    Completed,
+    Failed,
+    SchemaError,
+    StoreUnavailable,
+    open_store,
+    open_store_waiting,
+)
 from app.store.backends.sqlite import SqliteBackend
 from app.store.engine import normalise_url
 from app.store.migrate import upgrade
@@ -244,6 +252,26 @@ async def test_an_in_memory_sqlite_database_is_refused_naming_why(url: str) -> N
 async def test_unreachable_postgres_is_store_unavailable() -> None:
     with pytest.raises(StoreUnavailable):
         await open_store("postgresql://postgres@127.0.0.1:1/test")
+
+
+async def test_waiting_for_the_database_tries_again_then_gives_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(StoreUnavailable):
+        await open_store_waiting("postgresql://postgres@127.0.0.1:1/test", wait=1.0)
+    assert asyncio.get_running_loop().time() - started >= 1.0
+    assert sum("trying again" in r.getMessage() for r in caplog.records) >= 2
+
+
+async def test_waiting_for_the_database_does_not_wait_for_its_schema(
+    postgres_storage: Storage,
+) -> None:
+    # Up but not migrated is no gap to wait out: refused at once, naming the upgrade.
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(SchemaError):
+        await open_store_waiting(postgres_storage.url(revision=None), wait=30.0)
+    assert asyncio.get_running_loop().time() - started < 10
 
 
 async def test_sqlite_store_uses_wal_and_full_sync(sqlite_storage: Storage) -> None:

@@ -62,7 +62,7 @@ from sqlalchemy.sql.elements import ClauseElement
 from app.store import history, outbox
 from app.store.backend import Backend, History, Numbers
 from app.store.backends.claim_shapes import ClaimShapes
-from app.store.backends.postgres_engine import LISTEN_URL, PGBOUNCER
+from app.store.backends.postgres_engine import LISTEN_URL, PGBOUNCER, TCP_LIVENESS
 from app.store.backends.postgres_execution import Compiled, Kept, direct, driver_sql, execute
 from app.store.backends.postgres_statements import (
     IDENTITY_COLUMNS,
@@ -371,11 +371,7 @@ class PostgresBackend(Backend):
                     autocommit=True,
                     application_name="telegram-intake listener",
                     connect_timeout=5,
-                    # A connection that died silently is noticed within about a minute.
-                    keepalives=1,
-                    keepalives_idle=30,
-                    keepalives_interval=10,
-                    keepalives_count=3,
+                    **TCP_LIVENESS,  # a connection that went silent is noticed in 20 s
                 ) as connection:
                     await connection.execute(
                         psql.SQL("LISTEN {}").format(psql.Identifier(self._channel))

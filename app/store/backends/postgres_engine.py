@@ -21,6 +21,20 @@ PGBOUNCER = "intake_pgbouncer"  # execution option: the engine's URL is a transa
 LISTEN_URL = "intake_listen_url"  # execution option: a direct URL for LISTEN, or None
 READ_ONLY_TRANSACTION = "25006"  # SQLSTATE read_only_sql_transaction
 
+# A connection whose server went silent (a partition, a machine gone without a word) fails
+# rather than waits for the kernel's own give-up, a quarter of an hour: data it sent and
+# nobody acknowledged fails it after 10 s (tcp_user_timeout), and an idle one, or one waiting
+# for an answer, is probed after 10 s of silence and fails after 2 unanswered probes 5 s
+# apart. The pool then reconnects, to the primary of the moment; a lease never waits on it
+# (the lease keeper stops an attempt by its own clock). libpq's options, kept on the client.
+TCP_LIVENESS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 2,
+    "tcp_user_timeout": 10_000,
+}
+
 
 def connect_args(
     url: URL,
@@ -33,7 +47,7 @@ def connect_args(
     `statement_timeout` and `lock_timeout`, added to any `options` the URL carries: no
     statement waits forever, for a lock or for anything else. With `pgbouncer`, neither is
     sent and no statement is prepared (see the module docstring)."""
-    arguments: dict[str, Any] = {"connect_timeout": 5}
+    arguments: dict[str, Any] = {"connect_timeout": 5, **TCP_LIVENESS}
     if "application_name" not in url.query:
         arguments["application_name"] = "telegram-intake"
     given = url.query.get("options", "")
