@@ -14,11 +14,13 @@ user the wheel's own layer makes for the purpose, with the wheel's files opened 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
 import pwd
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -99,10 +101,21 @@ def server_user(bindir: Path) -> str | None:
 
 class Cluster:
     """One cluster: `init` makes and starts it, `restart` crashes it (`-m immediate`: no
-    shutdown checkpoint; recovery replays the WAL, as after a power cut), `stop` ends it."""
+    shutdown checkpoint; recovery replays the WAL, as after a power cut), `stop` ends it.
+    `standby_of` makes it a streaming standby of another instead of `init`; `kill` SIGKILLs
+    its postmaster and every backend, as a dying machine would; `promote` makes a standby
+    the primary; `signal_process` stops (or continues) one of its processes."""
 
-    def __init__(self, bindir: Path, directory: Path, *, password: str | None = None) -> None:
+    def __init__(
+        self,
+        bindir: Path,
+        directory: Path,
+        *,
+        password: str | None = None,
+        listen: tuple[str, ...] = ("127.0.0.1",),
+    ) -> None:
         self.port = free_port()
+        self._listen = ",".join(listen)
         # Trust authentication ignores a password; a caller may put one in the URL to check
         # that no process ever logs it.
         secret = f":{password}" if password else ""
@@ -131,10 +144,61 @@ class Cluster:
         )  # fmt: skip
         self.start()
 
+    def standby_of(self, primary: Cluster, name: str) -> None:
+        """Copy `primary` (`pg_basebackup`, its WAL streamed) and start as its standby,
+        streaming under `name`: the name a primary's `synchronous_standby_names` waits for."""
+        self._run(
+            str(self._bindir / "pg_basebackup"), "-D", str(self._data), "-h", "127.0.0.1",
+            "-p", str(primary.port), "-U", "postgres", "-X", "stream", "-R", "--no-sync",
+        )  # fmt: skip
+        settings = self._data / "postgresql.auto.conf"
+        conninfo = f"host=127.0.0.1 port={primary.port} user=postgres application_name={name}"
+        with settings.open("a") as file:  # the last setting of a name wins
+            file.write(f"primary_conninfo = '{conninfo}'\n")
+        self.start()
+
+    def trust(self, address: str) -> None:
+        """Let anyone connecting from `address` in (initdb trusts only loopback)."""
+        with (self._data / "pg_hba.conf").open("a") as rules:
+            rules.write(f"host all all {address}/32 trust\n")
+        self.execute("SELECT pg_reload_conf()")
+
+    def execute(self, statement: str) -> None:
+        with psycopg.connect(self.url(), autocommit=True) as admin:
+            admin.execute(statement)
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every process it started, the postmaster first so that
+        it restarts none of them: nothing is flushed, nothing says goodbye to a client."""
+        postmaster = self._postmaster()
+        if postmaster is None:
+            return
+        children = [pid for pid in _all_pids() if _parent(pid) == postmaster]
+        for pid in (postmaster, *children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def signal_process(self, title: str, number: int) -> None:
+        """Send `number` to this cluster's process whose title starts with `title` (as `ps`
+        shows it after "postgres: "; "walreceiver", say)."""
+        postmaster = self._postmaster()
+        for pid in _all_pids():
+            if postmaster is None or _parent(pid) != postmaster:
+                continue
+            with contextlib.suppress(OSError):
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                if command.startswith(f"postgres: {title}"):
+                    os.kill(pid, number)
+                    return
+        raise RuntimeError(f"no {title} process in the cluster on port {self.port}")
+
+    def promote(self) -> None:
+        self._run(str(self._bindir / "pg_ctl"), "-D", str(self._data), "-w", "promote")
+
     def _options(self) -> str:
         # Durable as production is (fsync on); small and quick to start.
         return (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' "
+            f"-p {self.port} -c listen_addresses={self._listen} -c unix_socket_directories='' "
             "-c max_connections=200 -c shared_buffers=64MB"
         )
 
@@ -150,19 +214,61 @@ class Cluster:
             "-o", self._options(), "-m", "immediate", "-w", "-t", "60", "restart",
         )  # fmt: skip
 
+    def _postmaster(self) -> int | None:
+        """The running postmaster's pid; None once killed, stopped or never started."""
+        try:
+            pid = int((self._data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if _state(pid) not in (None, "Z") else None  # a zombie has ended
+
     def stop(self) -> None:
+        if self._postmaster() is None:
+            return  # killed, or never started
         self._run(str(self._bindir / "pg_ctl"), "-D", str(self._data), "-m", "immediate", "stop")
 
 
+def _all_pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the process's name (which may hold spaces)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return []
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def _parent(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
 @contextmanager
-def running_cluster(bindir: Path, *, password: str | None = None) -> Iterator[Cluster]:
-    """A started cluster from `bindir`, stopped and removed at the end."""
+def running_cluster(
+    bindir: Path,
+    *,
+    password: str | None = None,
+    standby_of: tuple[Cluster, str] | None = None,
+    listen: tuple[str, ...] = ("127.0.0.1",),
+) -> Iterator[Cluster]:
+    """A started cluster from `bindir`, stopped and removed at the end: a new one, or with
+    `standby_of=(primary, name)` a standby of `primary` streaming as `name`."""
     directory = Path(tempfile.mkdtemp(prefix="intake-test-pg-"))
     try:
-        cluster = Cluster(bindir, directory, password=password)
+        cluster = Cluster(bindir, directory, password=password, listen=listen)
         failed = True
         try:
-            cluster.init()
+            if standby_of is None:
+                cluster.init()
+            else:
+                cluster.standby_of(*standby_of)
             yield cluster
             failed = False
         finally:

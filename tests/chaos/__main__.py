@@ -1,7 +1,8 @@
 """`python -m tests.chaos`: the full chaos run (minutes); prints its table, exits 1 on failure.
 
 Options size the run (`--updates`, `--chats`, `--workers`, `--intakes`); `--runs 3` repeats it;
-`--pgbouncer` puts PgBouncer in transaction pooling mode between the service and PostgreSQL.
+`--pgbouncer` puts PgBouncer in transaction pooling mode between the service and PostgreSQL;
+`--failover sync` (or `async`) kills a primary and promotes its standby instead of the crash.
 The logs of every process and the downstream's journal stay in `--keep DIR` when given.
 """
 
@@ -32,6 +33,11 @@ def main() -> None:
         action="store_true",
         help="the service through PgBouncer (transaction pooling)",
     )
+    parser.add_argument(
+        "--failover",
+        choices=["sync", "async"],
+        help="a primary and a standby; the primary killed and the standby promoted",
+    )
     parser.add_argument("--keep", type=Path, help="keep logs and the journal here")
     args = parser.parse_args()
     plan = replace(
@@ -43,6 +49,12 @@ def main() -> None:
         rate=args.rate,
         pgbouncer=args.pgbouncer,
     )
+    if args.failover:  # no process is restarted: each must find the new primary itself
+        plan = replace(
+            plan,
+            fault="failover" if args.failover == "sync" else "failover-async",
+            kill_every=None,
+        )
     failed = False
     for number in range(1, args.runs + 1):
         if args.keep:

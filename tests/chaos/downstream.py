@@ -1,7 +1,7 @@
 """The chaos run's downstream: a bot handler that fails, hangs and refuses on purpose, and writes
 its one effect per update fenced, in the service's own database.
 
-Run as its own process: `python -m tests.chaos.downstream PORT DATABASE_URL JOURNAL`.
+Run as its own process: `python -m tests.chaos.downstream PORT DATABASE_URL JOURNAL HANG [HOST]`.
 
 For each forwarded attempt, decided by the attempt's own (update_id, attempt) so that reruns
 behave alike:
@@ -13,8 +13,9 @@ behave alike:
   3): written only while the attempt owns the update, once per update; 200 when it owns the
   update (written now or before), 409 when it does not, 503 when the database is away.
 
-Every request is appended to the journal (JSON lines, in arrival order) when it arrives and
-again with its answer, and every exhaustion record delivered to `/exhausted` likewise; the run
+Every request is appended to the journal (JSON lines, in arrival order, each with the time)
+when it arrives and again with its answer, a hanging one also when its client gives up on it
+(`disconnected`), and every exhaustion record delivered to `/exhausted` likewise; the run
 checks the journal against the database at the end.
 """
 
@@ -24,6 +25,7 @@ import asyncio
 import json
 import random
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TextIO
@@ -82,6 +84,7 @@ class Downstream:
         self._hang = hang_seconds
 
     def record(self, **entry: Any) -> None:
+        entry["at"] = time.time()  # beside the run's own clock: the same machine's
         self._journal.write(json.dumps(entry) + "\n")
         self._journal.flush()
 
@@ -104,23 +107,33 @@ class Downstream:
         }
         chat = update["message"]["chat"]["id"]
         self.record(event="arrived", chat=chat, **identity)
-        status, owned = await self._handle(identity)
+        status, owned = await self._handle(identity, request)
         self.record(event="answered", status=status, owned=owned, **identity)
         return JSONResponse({"owned": owned}, status)
 
-    async def _handle(self, identity: dict[str, Any]) -> tuple[int, bool | None]:
+    async def _handle(self, identity: dict[str, Any], request: Request) -> tuple[int, bool | None]:
         what = fate(identity["update_id"], identity["attempt"])
         if what == "reject":
             return 400, None
         if what == "fail":
             return 500, None
         if what == "hang":
-            await asyncio.sleep(self._hang)
+            await self._hold(identity, request)
         try:
             owned = await self._write(identity)
         except (psycopg.Error, OSError, TimeoutError):
             return 503, None
         return (200 if owned else 409), owned
+
+    async def _hold(self, identity: dict[str, Any], request: Request) -> None:
+        """Hang for the hang time, noting when the worker gives up on the request."""
+        deadline = time.monotonic() + self._hang
+        noticed = False
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(0.02, left))
+            if not noticed and await request.is_disconnected():
+                noticed = True
+                self.record(event="disconnected", **identity)
 
     async def _write(self, identity: dict[str, Any]) -> bool:
         async with self._pool.connection(timeout=5) as connection, connection.transaction():
@@ -148,6 +161,7 @@ class Downstream:
 
 def main() -> None:
     port, database_url, journal_path, hang_seconds = sys.argv[1:5]
+    host = sys.argv[5] if len(sys.argv) > 5 else "127.0.0.1"
     with open(journal_path, "a", encoding="utf-8") as journal:
         downstream = Downstream(database_url, journal, float(hang_seconds))
         app = Starlette(
@@ -157,7 +171,7 @@ def main() -> None:
             ],
             lifespan=downstream.lifespan,
         )
-        uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", access_log=False)
+        uvicorn.run(app, host=host, port=int(port), log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":
