@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-SUBNETS = ipaddress.ip_network("10.213.0.0/16")
+SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 
 
 class NetworkUnavailable(RuntimeError):

