@@ -108,9 +108,13 @@ def _read_only_is_lost(context: ExceptionContext) -> None:
     primary (`target_session_attrs=read-write`). The store calls it unavailable, so callers
     retry rather than taking it for a fault of their data. `postgres_execution.direct` does
     the same for the statements psycopg runs itself."""
-    original = context.original_exception
-    if getattr(original, "sqlstate", None) == READ_ONLY_TRANSACTION:
+    if answered_read_only(context.original_exception):
         context.is_disconnect = True
+
+
+def answered_read_only(error: BaseException) -> bool:
+    """The server refused a write as read-only: a standby now, or a demoted primary."""
+    return getattr(error, "sqlstate", None) == READ_ONLY_TRANSACTION
 
 
 # The server's own timeouts of a session, in ms (pg_settings gives these two in ms).

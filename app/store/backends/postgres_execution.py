@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ClauseElement
 
-from app.store.backends.postgres_engine import PGBOUNCER, READ_ONLY_TRANSACTION
+from app.store.backends.postgres_engine import PGBOUNCER, answered_read_only
 
 __all__ = ["Compiled", "Kept", "direct", "driver_sql", "execute"]
 
@@ -117,8 +117,8 @@ async def direct(
     except psycopg.Error as error:
         # A server that answers "read-only" is a standby now (a failover demoted it): its
         # connection is of no more use than a dropped one.
-        read_only = error.sqlstate == READ_ONLY_TRANSACTION
-        broken = driver.closed or read_only or isinstance(error, psycopg.OperationalError)
+        demoted = answered_read_only(error)
+        broken = driver.closed or demoted or isinstance(error, psycopg.OperationalError)
         if broken:
             # As SQLAlchemy treats a disconnect: each connection the pool made before now is
             # replaced at its next checkout (the server may have dropped them all), and this
