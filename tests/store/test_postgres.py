@@ -493,7 +493,7 @@ async def test_after_refresh_statistics_the_claim_walks_the_due_order_index(
         plan = await _claim_plan(store)
     finally:
         await store.close()
-    assert "Index Only Scan telegram_updates ix_telegram_updates_due" in plan, plan
+    assert "Index Scan telegram_updates ix_telegram_updates_due" in plan, plan
     assert not [line for line in plan if line.startswith(("Bitmap", "Seq Scan"))], plan
 
 
@@ -606,7 +606,7 @@ async def test_the_claim_and_the_settle_are_planned_once_on_kept_connections(
             ) == [True, True]
         plans = {}
         for name, kept, marker in (
-            ("claim", backend._kept, "%%window_end%%"),
+            ("claim", backend._kept, "%%window_rows%%"),
             ("settle", backend._settling, "%%unnest%%"),
         ):
             async with kept.connection() as connection:

@@ -5,18 +5,21 @@ pending, processing or failed; rows without a queue_key always are. The claim ta
 eligible due rows oldest due first, up to its limit.
 
 Two walks find them; the statement runs the second only when the first comes up short:
-- the due-order walk: non-terminal rows in due order (ix_due), each tested by one probe of
-  ix_queue for an older open row of its chat, over a window of the `window * limit` rows due
-  first. While the heads of the chats lie near the front of the queue it stops at the limit
-  after a few rows;
+- the due-order walk: the window of the `window * limit` non-terminal rows due first (ix_due,
+  rows due at one instant in the index's order), each tested by one probe of ix_queue for an
+  older open row of its chat. While the heads of the chats lie near the front of the queue it
+  fills the batch from the window;
 - the head walk: a loose index scan of ix_queue, one probe per chat with open rows (the first
   entry after the previous chat's key is the next chat's head), plus the rows without a
   queue_key of each bot. Its cost follows the number of chats and never the rows queued
   behind a head: a chat whose head waits in backoff, or under a live lease, with 100,000 rows
   behind it, costs one probe here, where the due-order walk steps through every one of them.
 
-Both are exact. Every eligible row past the window is due no earlier than the window's end,
-so a window that yields `limit` rows yields the oldest ones; the head walk reads every head.
+Both are exact: the oldest due first (rows due at one instant in any order). Every row past
+the window is due no earlier than the window's last, so a window that yields `limit` rows
+yields oldest ones; the head walk reads every head. Before, the window stopped short of the
+instant of its last row, and a backlog due at one instant (a group commit's rows) left it
+empty: every claim walked every chat's head.
 The statement reports which walk answered (`walked_heads`). Where a blocked chat fills the
 front of the queue, every claim would pay for a window that comes up short before the head
 walk; so after one that did, a claimer skips the window (`window` 0) for its next
@@ -143,24 +146,30 @@ def chat_ordered(
     first, and whether the head walk found them. With `lateral` (PostgreSQL) they are locked,
     rows locked elsewhere skipped. `window` 0 goes straight to the head walk."""
     open_rows = in_state(t.c.state, *NON_TERMINAL)
-    # due_at of the first row past the window (any bot's), or none when the window holds
-    # every due row. It bounds the due-order walk whatever that walk's filters let through.
-    window_end = (
-        select(t.c.due_at)
+    # The window: the `window * limit` rows due first (any bot's), one more to tell whether
+    # rows lie past it, read from ix_due in its order; rows due at one instant come in the
+    # index's own order, so that a backlog recorded at one instant (a group commit's rows
+    # share their `received_at`) still fills the window rather than none of it.
+    window_rows = (
+        select(t.c.bot, t.c.update_id)
         .where(open_rows, t.c.due_at <= now)
         .order_by(t.c.due_at)
-        .limit(ONE)
-        .offset(limit * window)
-        .cte("window_end")
+        .limit(limit * window + ONE)
+        .cte("window_rows")
         .prefix_with("MATERIALIZED")
     )
-    # One upper bound on due_at (window_end <= now): SQLite keeps only one range per index.
-    bound = func.coalesce(select(window_end.c.due_at).scalar_subquery(), now + ONE)
-    walked = select(t.c.bot, t.c.update_id).where(
-        open_rows,
-        t.c.due_at < bound,
-        ~in_state(t.c.state, "processing") | (t.c.due_at < now),
-        first_of_its_chat(t),
+    walked = (
+        select(t.c.bot, t.c.update_id)
+        .join(
+            window_rows,
+            (window_rows.c.bot == t.c.bot) & (window_rows.c.update_id == t.c.update_id),
+        )
+        .where(
+            open_rows,
+            t.c.due_at <= now,
+            ~in_state(t.c.state, "processing") | (t.c.due_at < now),
+            first_of_its_chat(t),
+        )
     )
     if bots is not None:
         walked = walked.where(unindexed(t.c.bot).in_(list(bots)))
@@ -172,7 +181,8 @@ def chat_ordered(
         .prefix_with("MATERIALIZED")
     )
     taken_early = select(func.count()).select_from(early).scalar_subquery()
-    short = exists(select(window_end.c.due_at)) & (taken_early < limit)
+    in_window = select(func.count()).select_from(window_rows).scalar_subquery()
+    short = (in_window > limit * window) & (taken_early < limit)
     fallback = (
         select(type_coerce(short, Boolean).label("short"))
         .cte("fallback")
