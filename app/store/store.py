@@ -94,10 +94,23 @@ async def open_store(
     return SqlUpdateStore(engine, table, revision, history=history, worker=worker, events=events)
 
 
+# What a server answers a connection with that no wait changes: a missing database or role,
+# a wrong password, a pg_hba.conf that turns the client away (libpq gives these no SQLSTATE;
+# a server speaking another language is waited for, as long as the wait lasts).
+REFUSED_FOR_GOOD = (
+    "does not exist",
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "authentication failed",
+)
+
+
 async def open_store_waiting(url: str, *, wait: float, **options: Any) -> SqlUpdateStore:
-    """`open_store`, retried while the database is unavailable, for up to `wait` seconds: a
-    process that starts in a failover's gap (or before its database) finds it once it is
-    up, rather than exiting. Every other error, and the last unavailability, is raised."""
+    """`open_store`, retried while the database is unavailable, for up to about `wait`
+    seconds (the try under way when it ends runs its course): a process that starts in a
+    failover's gap (or before its database) finds it once it is up, rather than exiting. A
+    refusal that no wait changes, every other error, and the last unavailability are
+    raised."""
     deadline = time.monotonic() + wait
     pause = 0.2
     while True:
@@ -105,7 +118,7 @@ async def open_store_waiting(url: str, *, wait: float, **options: Any) -> SqlUpd
             return await open_store(url, **options)
         except StoreUnavailable as error:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or any(words in str(error) for words in REFUSED_FOR_GOOD):
                 raise
             pause = min(pause, left)
             log.warning("%s; trying again in %.1f s (for %.0f s more)", error, pause, left)

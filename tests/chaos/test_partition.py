@@ -41,8 +41,8 @@ from tests.processes import free_port, unavailable
 
 pytestmark = pytest.mark.slow
 
-LEASE = 4.0  # seconds; renewed every third of it
-HOLD = 9.0  # the downstream holds a first attempt this long: past its lease
+LEASE = 6.0  # seconds; renewed every third of it, an attempt stopped with over 1 s left
+HOLD = 11.0  # the downstream holds a first attempt this long: past its lease
 # Longer than the time a silent connection takes to fail (TCP_LIVENESS in
 # app/store/backends/postgres_engine.py): the cut worker rejoins on new connections.
 PARTITION = 25.0
@@ -94,6 +94,10 @@ async def test_a_worker_cut_from_its_database_stops_in_time_and_rejoins(
             await _until(lambda: _completed(url, HELD), 60, "the other worker takes over")
             taken_over = time.time()
             await asyncio.sleep(max(0.0, cut + PARTITION - time.time()))
+            # The statements sent into the partition failed by themselves (tcp_user_timeout):
+            # without it they would wait for the kernel's give-up, a quarter of an hour, and
+            # resume by retransmission after the heal.
+            assert "Connection timed out" in cut_worker.stderr, cut_worker.report()
             database_link.heal()
             healed = time.time()
             fleet.killed.add(other.pid)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.engine import make_url
 
 from app.store import (
     ClaimIdentity,
@@ -262,6 +263,17 @@ async def test_waiting_for_the_database_tries_again_then_gives_up(
         await open_store_waiting("postgresql://postgres@127.0.0.1:1/test", wait=1.0)
     assert asyncio.get_running_loop().time() - started >= 1.0
     assert sum("trying again" in r.getMessage() for r in caplog.records) >= 2
+
+
+async def test_waiting_for_the_database_does_not_wait_for_a_refusal(
+    postgres_storage: Storage,
+) -> None:
+    # A database that does not exist will not exist in a minute either: refused at once.
+    url = make_url(postgres_storage.url()).set(database="no_such_db")
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(StoreUnavailable, match="does not exist"):
+        await open_store_waiting(url.render_as_string(hide_password=False), wait=30.0)
+    assert asyncio.get_running_loop().time() - started < 10
 
 
 async def test_waiting_for_the_database_does_not_wait_for_its_schema(

@@ -371,7 +371,7 @@ class PostgresBackend(Backend):
                     autocommit=True,
                     application_name="telegram-intake listener",
                     connect_timeout=5,
-                    **TCP_LIVENESS,  # a connection that went silent is noticed in 20 s
+                    **TCP_LIVENESS,  # a connection that went silent is noticed in 10 to 15 s
                 ) as connection:
                     await connection.execute(
                         psql.SQL("LISTEN {}").format(psql.Identifier(self._channel))

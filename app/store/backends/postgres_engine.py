@@ -24,9 +24,10 @@ READ_ONLY_TRANSACTION = "25006"  # SQLSTATE read_only_sql_transaction
 # A connection whose server went silent (a partition, a machine gone without a word) fails
 # rather than waits for the kernel's own give-up, a quarter of an hour: data it sent and
 # nobody acknowledged fails it after 10 s (tcp_user_timeout), and an idle one, or one waiting
-# for an answer, is probed after 10 s of silence and fails after 2 unanswered probes 5 s
-# apart. The pool then reconnects, to the primary of the moment; a lease never waits on it
-# (the lease keeper stops an attempt by its own clock). libpq's options, kept on the client.
+# for an answer, is probed after 10 s of silence and fails at the next probe, 5 s later,
+# with the first unanswered (tcp_user_timeout again). The pool then reconnects, to the
+# primary of the moment; a lease never waits on it (the lease keeper stops an attempt by its
+# own clock). libpq's options, kept on the client: PgBouncer never sees them.
 TCP_LIVENESS: dict[str, Any] = {
     "keepalives": 1,
     "keepalives_idle": 10,
