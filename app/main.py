@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import httpx
@@ -33,9 +33,12 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     mounts: Mapping[str, ASGIApp] | None = None,
     metrics: Metrics | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Service:
     """Assemble the service: the intake, and with `workers` the dispatcher in this process
-    (`telegram-intake run`). The store opens when the app starts and closes when it stops."""
+    (`telegram-intake run`). The store opens when the app starts and closes when it stops;
+    at start it waits for an unavailable database until `stopping()` (the server was asked
+    to stop) or `database_wait_seconds`."""
     settings = settings or Settings()
     metrics = metrics or Metrics.of(settings)
 
@@ -45,6 +48,7 @@ def create_app(
             store = await open_store_waiting(
                 settings.database_url,
                 wait=settings.database_wait_seconds,
+                stopping=stopping,
                 **settings.store_options(),
             )
             stack.push_async_callback(store.close)

@@ -147,9 +147,19 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from app.metrics import Metrics
 
     metrics = Metrics.of(settings)
-    app = create_app(settings, workers=workers, mounts=mounts, metrics=metrics)
+    # uvicorn takes SIGTERM from before the app starts, and only sets should_exit: the app's
+    # wait for its database asks it, so that a process told to stop does not wait the minute.
+    servers: list[uvicorn.Server] = []
+    app = create_app(
+        settings,
+        workers=workers,
+        mounts=mounts,
+        metrics=metrics,
+        stopping=lambda: any(server.should_exit for server in servers),
+    )
     limits = ConnectionLimits.of(settings, metrics.connection_closed)
     server = uvicorn.Server(server_config(app, host=args.host, port=args.port, limits=limits))
+    servers.append(server)
     server.run(sockets=listening)
     return 0 if server.started else 1  # uvicorn has logged why it could not start
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -105,12 +106,15 @@ REFUSED_FOR_GOOD = (
 )
 
 
-async def open_store_waiting(url: str, *, wait: float, **options: Any) -> SqlUpdateStore:
+async def open_store_waiting(
+    url: str, *, wait: float, stopping: Callable[[], bool] = lambda: False, **options: Any
+) -> SqlUpdateStore:
     """`open_store`, retried while the database is unavailable, for up to about `wait`
     seconds (the try under way when it ends runs its course): a process that starts in a
     failover's gap (or before its database) finds it once it is up, rather than exiting. A
     refusal that no wait changes, every other error, and the last unavailability are
-    raised."""
+    raised, and so is the unavailability of the moment once `stopping()` (a SIGTERM meanwhile:
+    a process asked to stop does not wait out the minute)."""
     deadline = time.monotonic() + wait
     pause = 0.2
     while True:
@@ -122,5 +126,9 @@ async def open_store_waiting(url: str, *, wait: float, **options: Any) -> SqlUpd
                 raise
             pause = min(pause, left)
             log.warning("%s; trying again in %.1f s (for %.0f s more)", error, pause, left)
-            await asyncio.sleep(pause)
+            resume = time.monotonic() + pause
+            while (step := resume - time.monotonic()) > 0:
+                if stopping():
+                    raise
+                await asyncio.sleep(min(step, 0.1))
             pause = min(pause * 2, 5.0)

@@ -13,6 +13,7 @@ started while the database is away waits for it."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -118,3 +119,20 @@ async def _until(done: Callable[[], bool], process: Process, what: str) -> None:
         assert process.poll() is None, process.report()
         assert time.monotonic() < deadline, f"{what}: not within 60 s\n{process.report()}"
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("command", ["worker", "serve"])
+async def test_a_process_told_to_stop_while_it_waits_for_its_database_stops(
+    tmp_path: Path, command: str
+) -> None:
+    # A supervisor's SIGTERM (Kubernetes gives 30 s, then SIGKILL) ends the wait at once.
+    with running_cluster(required_binaries()) as cluster:
+        cluster.stop()  # nothing answers at its port
+        env = environment(cluster.url(), "http://127.0.0.1:9/hook", port=free_port())
+        with processes(tmp_path) as start:
+            process = start(command, env, command)
+            await _until(lambda: "trying again" in process.stderr, process, "it says it waits")
+            told = time.monotonic()
+            process.signal(signal.SIGTERM)
+            await asyncio.to_thread(process.popen.wait, 20)
+            assert time.monotonic() - told < 5, process.report()
