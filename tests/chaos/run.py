@@ -380,7 +380,7 @@ async def run(plan: Plan, directory: Path, admin_url: str) -> Report:
         finally:
             fleet.stop()
         await asyncio.to_thread(_judge, report, database.url, journal, accepted)
-        _gaps(report, database.moments, accepted, journal, database.lag)
+        _gaps(report, database, accepted, journal)
         secrets = [SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET, API_KEY, BOT_TOKEN]
         secrets += [database.password] if database.password else []
         logs = fleet.logs()
@@ -406,16 +406,11 @@ async def _watch_readiness(intake_url: str, report: Report) -> None:
                 report.not_ready_seconds += time.monotonic() - started
 
 
-def _gaps(
-    report: Report,
-    moments: dict[str, float],
-    accepted: dict[int, float],
-    journal: Path,
-    lag: str = "",
-) -> None:
+def _gaps(report: Report, database: Database, accepted: dict[int, float], journal: Path) -> None:
     """The fault's gaps, from the moments it struck (time.time()): to the next update
     answered 200, and from the promotion to the next delivery the downstream answered 2xx;
     and, where loss is measured, how long before the kill each lost update was answered."""
+    moments = database.moments
     killed = moments.get("killed")
     if killed is None:
         return
@@ -428,7 +423,7 @@ def _gaps(
     if promoted is None:
         return
     report.promotion_seconds = promoted - moments["promoting"]
-    report.lag_before_fault = lag
+    report.lag_before_fault = database.lag
     deliveries = [
         event["at"]
         for event in map(json.loads, journal.read_text().splitlines())

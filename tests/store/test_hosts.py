@@ -90,29 +90,27 @@ def schema_of(storage_url: str) -> str:
 @pytest.mark.parametrize("form", ["libpq", "sqlalchemy"])
 async def test_a_dead_host_first_is_passed_over(postgres_storage: Storage, form: str) -> None:
     url = postgres_storage.url()
-    primary = primary_port(url)
-    store = await open_store(hosts_url(url, free_port(), primary, form=form), pool_size=2)
-    try:
-        assert await store.add("shop", 1, "{}", 0)
-    finally:
-        await store.close()
-    assert table_rows(url, "update_id") == [(1,)]
+    await _one_update_reaches(url, hosts_url(url, free_port(), primary_port(url), form=form))
 
 
 async def test_a_read_only_server_is_passed_over_for_the_read_write_one(
     postgres_storage: Storage, other_server: Cluster
 ) -> None:
     url = postgres_storage.url()
-    primary = primary_port(url)
     read_only(other_server, True)
     try:
-        store = await open_store(hosts_url(url, other_server.port, primary), pool_size=2)
-        try:
-            assert await store.add("shop", 1, "{}", 0)
-        finally:
-            await store.close()
+        await _one_update_reaches(url, hosts_url(url, other_server.port, primary_port(url)))
     finally:
         read_only(other_server, False)
+
+
+async def _one_update_reaches(url: str, through: str) -> None:
+    """An update added by a store on the several hosts of `through` is in `url`'s table."""
+    store = await open_store(through, pool_size=2)
+    try:
+        assert await store.add("shop", 1, "{}", 0)
+    finally:
+        await store.close()
     assert table_rows(url, "update_id") == [(1,)]
 
 
