@@ -47,7 +47,7 @@ class BotOptions(BaseModel):
     max_attempts: int = Field(8, ge=1, le=1000)
     lease_seconds: float = Field(60, gt=0, le=86_400)
     ordering: Ordering = "chat"
-    concurrency: int = Field(64, ge=1, le=10_000)  # this bot's attempts in flight, per process
+    concurrency: int = Field(64, ge=1, le=10_000)  # this bot's requests in flight, per process
     forward_timeout_seconds: float = Field(30, gt=0, le=3600)
     retry_base_seconds: float = Field(2, gt=0, le=86_400)
     retry_cap_seconds: float = Field(600, gt=0, le=7 * 86_400)

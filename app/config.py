@@ -100,7 +100,7 @@ class Settings(BaseSettings, BotOptions):
     retry_after_seconds: int = Field(5, ge=1, le=3600)
 
     # Workers (`run` and `worker`), per process.
-    worker_concurrency: int = Field(64, ge=1, le=10_000)  # attempts in flight, all bots
+    worker_concurrency: int = Field(64, ge=1, le=10_000)  # requests in flight, all bots
     worker_port: int | None = Field(None, ge=0, le=65535)  # `worker` serves /healthz, /metrics
     claim_batch: int = Field(64, ge=1, le=1_000)
     poll_interval_seconds: float = Field(1.0, gt=0, le=3600)

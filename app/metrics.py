@@ -157,7 +157,7 @@ class Metrics:
         )
         self._in_flight = Gauge(
             PREFIX + "attempts_in_flight",
-            "Attempts this process is running now.",
+            "Requests to the bot's downstream this process has in flight now.",
             ["bot"],
             registry=registry,
         )

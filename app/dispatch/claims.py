@@ -9,7 +9,13 @@ a PostgreSQL NOTIFY from one elsewhere), by a retry falling due, by an attempt e
 may unblock its chat), or by the poll interval.
 
 Each claimed row becomes an `Attempt` run as a task by the `AttemptRunner`; its end is
-counted, by bot and outcome, as the task finishes.
+counted, by bot and outcome, as the task finishes. The limits (`worker_concurrency` per
+process, `concurrency` per bot) count requests to the downstreams in flight, as a job queue's
+concurrency counts its handlers running: an attempt whose answer has come frees its place
+while its batched settle commits, so the next claim need not wait for that settle. The
+attempts still settling are bounded too, by the process's limit again: a slow database
+slows the claims rather than piling settles up. The order of a chat does not depend on it:
+its next update is claimable only once the settle has committed.
 
 Operator control: a paused bot's claims take nothing (the claim statement itself checks the
 pause, so it binds at once, in every process). A bot with a rate limit takes its tokens from
@@ -40,8 +46,9 @@ PLAIN_CLAIM = "(plain)"
 
 
 class ClaimLoop:
-    """Claims for `lanes` while at most `capacity` attempts are in flight, `batch` rows a
-    statement, and starts each attempt with `runner`. `wake` is its doorbell."""
+    """Claims for `lanes` while at most `capacity` requests are in flight (and as many
+    attempts settling), `batch` rows a statement, and starts each attempt with `runner`.
+    `wake` is its doorbell."""
 
     def __init__(
         self,
@@ -67,8 +74,8 @@ class ClaimLoop:
         self._beat = beat  # once a turn, for the worker's health
         # Saturated, claim again only once a quarter batch is free: not one row per statement.
         self._refill = max(1, min(batch, capacity) // 4)
-        self.attempts: set[Attempt] = set()
-        self.in_flight = 0
+        self.attempts: set[Attempt] = set()  # claimed and not yet ended: forwarding or settling
+        self.in_flight = 0  # of those, the ones whose request has not ended
         self.passes = 0  # turns that looked at every lane without failing: chances to claim
         self._stopping = False
         self._controls_read = -CONTROLS_SECONDS  # monotonic seconds; -: never yet
@@ -104,7 +111,7 @@ class ClaimLoop:
                 await self._read_controls()
             except StoreError as error:
                 log.warning("reading the bots' controls failed: %s", error)
-            if self._capacity - self.in_flight < self._refill:
+            if self._free() < self._refill:
                 await wait_or_timeout(self._wake, self._poll)
                 continue
             more = False
@@ -112,7 +119,7 @@ class ClaimLoop:
             lanes = self._lanes[rotation:] + self._lanes[:rotation]
             rotation = (rotation + 1) % max(1, len(self._lanes))
             for lane in lanes:
-                free = min(self._capacity - self.in_flight, lane.bot.concurrency - lane.in_flight)
+                free = min(self._free(), lane.bot.concurrency - lane.in_flight)
                 lane.saturated = free <= 0
                 wanted = lane.breaker.allowance(min(free, self._batch))
                 if wanted <= 0 or self._stopping:
@@ -147,7 +154,7 @@ class ClaimLoop:
         self.attempts.add(attempt)
         if log.isEnabledFor(logging.DEBUG):
             AttemptLog.of(log, attempt.identity).debug("claimed, lease until %d", lease_until)
-        attempt.task = asyncio.create_task(self._runner.run(attempt))
+        attempt.task = asyncio.create_task(self._runner.run(attempt, self._forwarded))
         # In a callback, not in run: a task cancelled before its first step never runs it.
         attempt.task.add_done_callback(lambda _: self._finished(attempt))
         return attempt
@@ -219,17 +226,32 @@ class ClaimLoop:
                 started += 1
         return started
 
+    def _free(self) -> int:
+        """How many more attempts may start: requests in flight and attempts settling, each
+        within the process's limit."""
+        return min(self._capacity - self.in_flight, 2 * self._capacity - len(self.attempts))
+
+    def _forwarded(self, attempt: Attempt) -> None:
+        """Its request ended: it leaves the limits of requests in flight (once)."""
+        if not attempt.forwarding:
+            return
+        attempt.forwarding = False
+        lane = attempt.lane
+        lane.in_flight -= 1
+        self.in_flight -= 1
+        if lane.saturated or self._free() == self._refill:
+            self._wake.set()
+
     def _finished(self, attempt: Attempt) -> None:
         lane = attempt.lane
         lane.meters.attempts["lost" if attempt.lost else attempt.outcome].inc()
+        self._forwarded(attempt)  # a task cancelled or failed before its request ended
         self.attempts.discard(attempt)
-        lane.in_flight -= 1
-        self.in_flight -= 1
         if attempt.probe and not attempt.judged:
             lane.breaker.probe_ended_unjudged()
             attempt.unblocks = True
         # Look again only when this end can make something claimable: a waiting update of
         # its chat, capacity the claim loop waits for, or a bot that had more due. Otherwise
         # new rows wake the loop themselves, and a poll catches the rest.
-        if attempt.unblocks or lane.saturated or self._capacity - self.in_flight == self._refill:
+        if attempt.unblocks or lane.saturated or self._free() == self._refill:
             self._wake.set()

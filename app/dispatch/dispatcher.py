@@ -135,7 +135,8 @@ class Dispatcher:
 
     @property
     def in_flight(self) -> int:
-        return self._claims.in_flight
+        """Attempts started and not yet ended: forwarding, or settling after their answer."""
+        return len(self._claims.attempts)
 
     @property
     def owner_lost(self) -> int:

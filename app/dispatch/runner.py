@@ -76,12 +76,15 @@ class AttemptRunner:
         self._jitter = jitter
         self.owner_lost = 0  # attempts that found their claim taken or lapsed
 
-    async def run(self, attempt: Attempt) -> None:
+    async def run(self, attempt: Attempt, forwarded: Callable[[Attempt], None]) -> None:
+        """Forward and conclude `attempt`; `forwarded` is called once its request has ended
+        (answered, failed or never sent), before its settle: the request no longer counts
+        against the limits of requests in flight."""
         lane = attempt.lane
         try:
             expires_at = attempt.expires_at
             if expires_at is not None and self._clock.now() > expires_at:
-                attempt.forwarding = False
+                forwarded(attempt)
                 await self._end(attempt, "expired", EXPIRED)
                 return
             started = time.perf_counter()
@@ -94,7 +97,7 @@ class AttemptRunner:
                 )
             except asyncio.CancelledError:
                 if attempt.handed_back:
-                    attempt.forwarding = False
+                    forwarded(attempt)
                     attempt.outcome = "handed_back"
                     await self._settle(attempt, HandedBack(self._clock.now()))
                     return
@@ -107,7 +110,7 @@ class AttemptRunner:
                 AttemptLog.of(log, attempt.identity).debug(
                     "forwarded: %s in %.1f ms", outcome.kind, took * 1000
                 )
-            attempt.forwarding = False
+            forwarded(attempt)
             if attempt.lost:
                 AttemptLog.of(log, attempt.identity).info(
                     "late answer ignored (the claim was lost)"

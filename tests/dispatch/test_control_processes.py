@@ -290,9 +290,9 @@ async def test_a_pause_binds_two_worker_processes_and_resume_wakes_them(
     postgres_storage: Storage, downstream: FakeDownstream, tmp_path: Path
 ) -> None:
     """`pause_and_resume` on PostgreSQL: a `serve` process (the intake and the API) and two
-    `worker` processes, each with at most 6 attempts in flight (12 < 20 chats: both always
-    have work) and a 5 s poll: only the pause in the claim statement holds them, and only the
-    resume's NOTIFY wakes them sooner than the poll."""
+    `worker` processes, each with at most 6 requests in flight and 6 attempts settling (12 < 20
+    chats: both always have work) and a 5 s poll: only the pause in the claim statement holds
+    them, and only the resume's NOTIFY wakes them sooner than the poll."""
     url = postgres_storage.url()
     port = free_port()
     base = f"http://127.0.0.1:{port}"

@@ -635,3 +635,35 @@ async def test_an_attempt_cancelled_before_it_starts_gives_its_capacity_back(
         assert worker.in_flight == 0
         assert lane.in_flight == 0
     assert downstream.received == []
+
+
+async def test_an_answered_attempt_frees_its_place_while_its_settle_commits(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    """The limits count requests in flight: with the settles held back, a bot limited to one
+    request still forwards its next updates (other chats), and the attempts left settling are
+    bounded by the process's limit once more. Each update is settled once the settles go."""
+    url = storage.url()
+    settings = settings_for(url, bot(downstream, concurrency=1), worker_concurrency=2)
+    async with dispatching(settings) as (worker, store):
+        gate = asyncio.Event()
+        settle_many_owned = store.settle_many_owned
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            await gate.wait()
+            return await settle_many_owned(*args, **kwargs)
+
+        store.settle_many_owned = held  # type: ignore[method-assign]
+        for update_id in range(1, 7):
+            await store.add("shop", update_id, message(update_id, chat=update_id), now_ms())
+        # Two places for requests, two more for attempts settling: four forwarded, no more.
+        await eventually(lambda: len(downstream.received) == 4 and worker.in_flight == 4)
+        # At its limit the claim loop waits for a place or its poll (0.2 s): give it turns.
+        await asyncio.sleep(0.6)
+        assert len(downstream.received) == 4
+        states = sorted(state for _, state, _, _ in await asyncio.to_thread(rows, url))
+        assert states == ["pending"] * 2 + ["processing"] * 4
+        gate.set()
+        await until(url, lambda r: all(state == "completed" for _, state, _, _ in r))
+    assert sorted(r.update_id for r in downstream.received) == [1, 2, 3, 4, 5, 6]
+    assert all(r.attempt == 1 for r in downstream.received)

@@ -85,7 +85,8 @@ async def test_two_worker_processes_deliver_every_update_once_in_chat_order(
 
     downstream.answer = answer
     with processes(tmp_path) as start:
-        # At most 12 attempts in flight per process: neither can hold all 20 chats, so both work.
+        # At most 8 requests in flight per process and 8 attempts settling: neither can hold all
+        # 20 chats, so both work.
         workers = [
             start(
                 f"worker-{name}",
@@ -93,7 +94,7 @@ async def test_two_worker_processes_deliver_every_update_once_in_chat_order(
                     url,
                     f"{downstream.url}/hook?worker={name}",
                     ordering="chat",
-                    worker_concurrency=12,
+                    worker_concurrency=8,
                 ),
                 "worker",
             )
