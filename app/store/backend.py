@@ -36,6 +36,16 @@ class History:
     worker: str
 
 
+@dataclass(frozen=True, slots=True)
+class StatisticsAge:
+    """How far the planner's statistics of a table lag behind it, as the database counts."""
+
+    changes: int  # rows written since they were last gathered (or since ever)
+    seconds: float | None  # since they were gathered; None: never
+    rows: float  # the rows the table held then
+    live: int  # the rows it holds now
+
+
 class Backend(ABC):
     """One database's way of running the store's statements.
 
@@ -176,12 +186,8 @@ class Backend(ABC):
         transaction holds it."""
 
     @abstractmethod
-    async def statistics_age(
-        self, connection: AsyncConnection, table: Table
-    ) -> tuple[int, float, float] | None:
-        """Rows written to `table` since the planner's statistics were last gathered (as the
-        database counts them), the seconds since, and the rows the table had then; None when
-        they never were."""
+    async def statistics_age(self, connection: AsyncConnection, table: Table) -> StatisticsAge:
+        """How far the planner's statistics of `table` lag behind it."""
 
     @abstractmethod
     async def analyze(self, connection: AsyncConnection, table: Table) -> None:

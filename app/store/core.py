@@ -322,23 +322,28 @@ class SqlCore:
         self, *, min_changes: int = 1000, min_age_seconds: float = 10.0
     ) -> bool:
         """The planner's statistics, gathered again once `min_changes` rows were written since the
-        last time, at most once every `min_age_seconds` across the cluster (the age is the
-        database's) unless the table has since seen more writes than it had rows. A table filled by
-        the intake after a quiet period (or from empty) has statistics that say it holds no open
-        rows; the claim and settle statements then plan for a handful and read thousands, until
-        autovacuum's next analyze, up to a minute and more away. Cheap when nothing is due: one read
-        of the database's own counters."""
+        last time (or ever), at most once every `min_age_seconds` across the cluster (the age is
+        the database's) unless the table has since seen more writes than it had rows. A table
+        filled by the intake after a quiet period (or from empty) has statistics that say it holds
+        no open rows; the claim and settle statements then plan for a handful and read thousands,
+        until autovacuum's next analyze, up to a minute and more away. Cheap when nothing is due:
+        one read of the database's own counters.
+
+        Never from a table that holds no rows: statistics gathered from an empty table say that
+        each of its indexes has no entries, however far it grows, where none at all let the
+        planner scale each index by its size. Workers starting on an empty table gathered them
+        so, and four of them then drained a burst at a quarter of their pace (docs/store.md)."""
         validate.positive("min_changes", min_changes)
         if not min_age_seconds >= 0:
             raise ValueError(f"min_age_seconds {min_age_seconds!r} is not a duration")
         async with self._read() as connection:
             age = await self._backend.statistics_age(connection, self.table)
-        if age is not None:
-            changes, seconds, rows = age
-            # A table that has seen more writes than it had rows (gathered while empty, say,
-            # as a worker starting before the first burst does) does not wait for the age.
-            if changes < min_changes or (seconds < min_age_seconds and changes <= rows):
-                return False
+        if age.changes < min_changes or age.live == 0:
+            return False
+        # A table that has seen more writes than it had rows (a burst into a small table, say)
+        # does not wait for the age.
+        if age.seconds is not None and age.seconds < min_age_seconds and age.changes <= age.rows:
+            return False
         async with self.transaction() as connection:
             if not await self._backend.exclusive(connection, self.table, "analyze"):
                 return False

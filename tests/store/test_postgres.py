@@ -463,7 +463,9 @@ async def test_refresh_statistics_gathers_them_when_never_gathered_grown_or_stal
     store = await open_store(postgres_storage.url())
     try:
         await _fill_as_the_intake_does(store, 100)
-        assert await store.refresh_statistics() is True  # never gathered
+        await _wait_for_counted_changes(store, 100)
+        assert await store.refresh_statistics() is False  # never gathered, but 100 < 1,000
+        assert await store.refresh_statistics(min_changes=100) is True  # never gathered
         assert await store.refresh_statistics(min_changes=1, min_age_seconds=0) is False
         await _fill_as_the_intake_does(store, 1_200, first=1_000)
         await _wait_for_counted_changes(store, 1_200)
@@ -480,6 +482,38 @@ async def test_refresh_statistics_gathers_them_when_never_gathered_grown_or_stal
         await store.close()
 
 
+async def test_refresh_statistics_never_gathers_them_from_an_empty_table(
+    postgres_storage: Storage,
+) -> None:
+    # Gathered from an empty table, statistics say each index has no entries however far it
+    # grows (reltuples 0 over the metapage); none at all let the planner scale each index by
+    # its size. Workers starting on an empty table gathered them so, and four of them then
+    # drained a burst at a quarter of their pace.
+    store = await open_store(postgres_storage.url())
+    try:
+        assert await store.refresh_statistics(min_changes=1, min_age_seconds=0) is False
+        await _fill_as_the_intake_does(store, 1_200)
+        await _wait_for_counted_changes(store, 1_200)  # counted before the deletes are
+        await _delete_all(store, 1_200)
+        await _wait_for_counted_changes(store, 2_400)
+        await _wait_for_counter(store, "n_live_tup", lambda n: n == 0)
+        # 2,400 changes since ever, and nothing left to describe.
+        assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=0) is False
+        async with store.engine.connect() as connection:
+            gathered = (
+                await connection.exec_driver_sql(
+                    "SELECT last_analyze FROM pg_stat_user_tables "
+                    "WHERE relid = 'telegram_updates'::regclass"
+                )
+            ).scalar_one()
+        assert gathered is None
+        await _fill_as_the_intake_does(store, 1_200, first=5_000)
+        await _wait_for_counter(store, "n_live_tup", lambda n: n == 1_200)
+        assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=0) is True
+    finally:
+        await store.close()
+
+
 async def test_after_refresh_statistics_the_claim_walks_the_due_order_index(
     postgres_storage: Storage,
 ) -> None:
@@ -489,6 +523,7 @@ async def test_after_refresh_statistics_the_claim_walks_the_due_order_index(
     store = await open_store(postgres_storage.url())
     try:
         await _fill_as_the_intake_does(store, 20_000)
+        await _wait_for_counted_changes(store, 20_000)
         assert await store.refresh_statistics() is True
         plan = await _claim_plan(store)
     finally:

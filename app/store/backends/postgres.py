@@ -60,7 +60,7 @@ from sqlalchemy.sql.dml import ReturningDelete
 from sqlalchemy.sql.elements import ClauseElement
 
 from app.store import history, outbox
-from app.store.backend import Backend, History, Numbers
+from app.store.backend import Backend, History, Numbers, StatisticsAge
 from app.store.backends.claim_shapes import ClaimShapes
 from app.store.backends.postgres_engine import LISTEN_URL, PGBOUNCER, TCP_LIVENESS
 from app.store.backends.postgres_execution import Compiled, Kept, direct, driver_sql, execute
@@ -284,9 +284,7 @@ class PostgresBackend(Backend):
         lock = select(func.pg_try_advisory_xact_lock(func.hashtext(purpose), oid))
         return bool((await connection.execute(lock)).scalar_one())
 
-    async def statistics_age(
-        self, connection: AsyncConnection, table: Table
-    ) -> tuple[int, float, float] | None:
+    async def statistics_age(self, connection: AsyncConnection, table: Table) -> StatisticsAge:
         stats, classes = STAT_USER_TABLES.c, PG_CLASS.c
         last = func.greatest(stats.last_analyze, stats.last_autoanalyze)  # NULLs ignored
         counters = (
@@ -294,14 +292,20 @@ class PostgresBackend(Backend):
                 stats.n_mod_since_analyze,
                 func.extract("epoch", func.clock_timestamp() - last).label("age"),
                 classes.reltuples,
+                stats.n_live_tup,
             )
             .join_from(STAT_USER_TABLES, PG_CLASS, classes.oid == stats.relid)
             .where(stats.relid == cast(func.to_regclass(table.name), OID))
         )
         row = (await connection.execute(counters)).first()
-        if row is None or row.age is None:
-            return None
-        return int(row.n_mod_since_analyze), float(row.age), max(float(row.reltuples), 0.0)
+        if row is None:
+            return StatisticsAge(0, None, 0.0, 0)
+        return StatisticsAge(
+            changes=int(row.n_mod_since_analyze),
+            seconds=None if row.age is None else float(row.age),
+            rows=max(float(row.reltuples), 0.0),
+            live=int(row.n_live_tup),
+        )
 
     async def analyze(self, connection: AsyncConnection, table: Table) -> None:
         # Sampled (300 rows per statistics target unit): its time is bounded whatever the size.

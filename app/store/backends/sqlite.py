@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 
 from app.store import history, outbox
-from app.store.backend import Backend, History, Numbers
+from app.store.backend import Backend, History, Numbers, StatisticsAge
 from app.store.backends.claim_shapes import ClaimShapes
 from app.store.backends.sqlite_engine import SQLITE_BEGIN, connector
 from app.store.backends.sqlite_statements import (
@@ -257,12 +257,10 @@ class SqliteBackend(Backend):
     async def exclusive(self, connection: AsyncConnection, table: Table, purpose: str) -> bool:
         return True  # the transaction holds the file's one write lock already
 
-    async def statistics_age(
-        self, connection: AsyncConnection, table: Table
-    ) -> tuple[int, float, float] | None:
+    async def statistics_age(self, connection: AsyncConnection, table: Table) -> StatisticsAge:
         # SQLite counts no changes, and needs none: its statements name the index each walk
         # reads (INDEXED BY, a unary + where an index must not serve), whatever the statistics.
-        return 0, 0.0, 0.0
+        return StatisticsAge(0, 0.0, 0.0, 0)
 
     async def analyze(self, connection: AsyncConnection, table: Table) -> None:
         return
