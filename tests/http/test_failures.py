@@ -80,7 +80,8 @@ def assert_told_nothing(answer: httpx.Response, *names: str) -> str:
         assert answer.json()["request_id"] == request_id
     else:
         assert f"<code>{request_id}</code>" in answer.text
-    told = answer.text.lower() + str(answer.headers).lower()
+    # Without the id itself: 16 random hex digits held "5432" (the port) once in a few hundred.
+    told = (answer.text.lower() + str(answer.headers).lower()).replace(request_id, "")
     for name in (*NAMED, *names):
         assert name.lower() not in told, (name, answer.text)
     return request_id
