@@ -277,9 +277,12 @@ async def main(*, quick: bool = False) -> str:
         print("bench dispatch: latency at 200/s", file=sys.stderr)
         seconds = 5 if quick else 20
         spans = await latency(downstream, 200, seconds)
+    # One worker's ratio: the median of the rounds' own (each from the same minutes).
+    ratios = [mine / theirs for mine, theirs in zip(singles, peers, strict=True)]
+    headline = statistics.median(ratios)
     rounds = ", ".join(
-        f"{mine:,.0f} / {theirs:,.0f} = {mine / theirs:.2f}"
-        for mine, theirs in zip(singles, peers, strict=True)
+        f"{mine:,.0f} / {theirs:,.0f} = {ratio:.2f}"
+        for mine, theirs, ratio in zip(singles, peers, ratios, strict=True)
     )
     lines += [
         f"Drain of {count:,} updates over {CHATS} chats to a trivial downstream, PostgreSQL. "
@@ -292,9 +295,6 @@ async def main(*, quick: bool = False) -> str:
         "| PgQueuer 1.6 (asyncpg, batch 10, 64 tasks, aiohttp; not fenced) | 1 | analysed | "
         f"{peer:,.0f} | 1.00 | |",
     ]
-    # One worker's ratio: the median of the rounds' own (each from the same minutes).
-    ratios = [mine / theirs for mine, theirs in zip(singles, peers, strict=True)]
-    headline = statistics.median(ratios)
     for (workers, analyzed), rate in ours.items():
         table = "analysed" if analyzed else "as the intake leaves it (no ANALYZE)"
         versus = f"{rate / ours[workers, True]:.2f}"

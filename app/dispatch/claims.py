@@ -239,8 +239,13 @@ class ClaimLoop:
         lane = attempt.lane
         lane.in_flight -= 1
         self.in_flight -= 1
-        if lane.saturated or self._free() == self._refill:
+        if self._room_opened(lane):
             self._wake.set()
+
+    def _room_opened(self, lane: Lane) -> bool:
+        """Whether a place just freed can let the claim loop take more: `lane` had more due,
+        or the places free reached the quarter batch the loop waits for."""
+        return lane.saturated or self._free() == self._refill
 
     def _finished(self, attempt: Attempt) -> None:
         lane = attempt.lane
@@ -253,5 +258,5 @@ class ClaimLoop:
         # Look again only when this end can make something claimable: a waiting update of
         # its chat, capacity the claim loop waits for, or a bot that had more due. Otherwise
         # new rows wake the loop themselves, and a poll catches the rest.
-        if attempt.unblocks or lane.saturated or self._free() == self._refill:
+        if attempt.unblocks or self._room_opened(lane):
             self._wake.set()
