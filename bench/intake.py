@@ -15,6 +15,9 @@ dropped afterwards; a temporary SQLite file), the same across rounds.
   nothing: what durability costs. Column "x ceiling".
 - aiogram: `SimpleRequestHandler` in background mode: it answers before the update is
   handled, and stores nothing.
+- the durable intake on PostgreSQL served by granian rather than uvicorn: issue 33 asks
+  whether another ASGI server serves the product better (it could not keep the connection
+  limits of `app.http.server`; bench/intake_servers.py says which).
 
 Then the PostgreSQL intake runs at a fixed rate of half its 64-connection rate, 64 connections
 (bench/paced.py: latency counted from the intended send time), and the ceiling at the same rate
@@ -59,11 +62,13 @@ SPAN = 10**10  # update_ids per measurement, so that each one's rows can be coun
 CONNECTIONS = (16, 64)
 PACED = "paced"
 POSTGRES = "durable intake, PostgreSQL"
+GRANIAN = "durable intake, PostgreSQL, on granian"
 SQLITE = "durable intake, SQLite"
 CEILING = "no-store ceiling (same app and route)"
 BARE = "bare ASGI on uvicorn, the same checks, stores nothing"
 SERVERS = (  # label, server kind, storage backend; PostgreSQL first: it sets the fixed rate
     (POSTGRES, "intake", "postgresql"),
+    (GRANIAN, "granian", "postgresql"),
     (SQLITE, "intake", "sqlite"),
     (CEILING, "ceiling", "sqlite"),
     (BARE, "bare", None),
@@ -315,7 +320,7 @@ async def main(*, quick: bool = False) -> str:
                     kind, urls[label], top.rate / 2, seconds, warm_up, ids
                 )
                 results[label] = {PACED: paced_load}
-            if kind == "intake":
+            if kind in ("intake", "granian"):
                 measured = [load for loads in rounds[label] for load in loads.values()]
                 count_stored(urls[label], [*measured, *results.get(label, {}).values()])
     return report(rounds, results, seconds, warm_up)

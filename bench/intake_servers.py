@@ -1,12 +1,16 @@
 """The servers `python -m bench intake` measures, each in its own process.
 
-    python -m bench.intake_servers intake|ceiling DATABASE_URL
+    python -m bench.intake_servers intake|ceiling|granian DATABASE_URL
     python -m bench.intake_servers aiogram
     python -m bench.intake_servers bare
 
 - intake: the product's app under uvicorn, one worker, as `telegram-intake serve` runs it.
 - ceiling: the same app and route, with the group committer swapped after start-up for one
   that answers at once and stores nothing: what the server costs without durability.
+- granian: the product's app, as `intake` but served by granian (Rust's hyper under the same
+  ASGI app, its event loop uvloop): issue 33's "another ASGI server", measured; granian has
+  no body deadline, no limit on connections and no keep-alive deadline of its own, so
+  `app.http.server`'s limits could not hold under it as they stand.
 - bare: one ASGI callable on plain uvicorn (httptools, uvloop, no access log): the bot, the
   secret compared in constant time, the body, `json.loads`, an integer `update_id`; stores
   nothing. What the server itself could answer for the intake's checks: the limit.
@@ -23,8 +27,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import signal
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -87,6 +95,37 @@ def serve_uvicorn(kind: str, database_url: str) -> None:
     configured = settings(database_url)
     app = create_app(configured) if kind == "intake" else ceiling_app(configured)
     AnnouncingServer(server_config(app, host=HOST, port=0, log_level="warning")).run()
+
+
+def granian_app() -> Service:
+    """granian's factory: the product's app on the database of BENCH_DATABASE_URL."""
+    return create_app(settings(os.environ["BENCH_DATABASE_URL"]))
+
+
+def serve_granian(database_url: str) -> None:
+    """granian, one worker, serving `granian_app` on a free port; `ready <port>` once it
+    accepts connections; stopped with it on SIGTERM."""
+    with socket.socket() as probe:  # granian takes no port 0: a free one, asked for now
+        probe.bind((HOST, 0))
+        port = probe.getsockname()[1]
+    command = (
+        sys.executable, "-m", "granian", "--interface", "asgi", "--factory", "--host", HOST,
+        "--port", str(port), "--workers", "1", "--loop", "uvloop", "--no-ws",
+        "--log-level", "warning", "bench.intake_servers:granian_app",
+    )  # fmt: skip
+    env = {**os.environ, "BENCH_DATABASE_URL": database_url}
+    with subprocess.Popen(command, env=env) as child:  # noqa: S603 - our own command
+        signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+        deadline = time.monotonic() + 30
+        while child.poll() is None and time.monotonic() < deadline:
+            try:
+                socket.create_connection((HOST, port), timeout=1).close()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            print(f"ready {port}", flush=True)
+            break
+        child.wait()
 
 
 async def bare_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -174,5 +213,7 @@ if __name__ == "__main__":
         uvloop.run(serve_aiogram())
     elif sys.argv[1] == "bare":
         serve_bare()
+    elif sys.argv[1] == "granian":
+        serve_granian(sys.argv[2])
     else:
         serve_uvicorn(sys.argv[1], sys.argv[2])
