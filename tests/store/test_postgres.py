@@ -359,9 +359,23 @@ async def _claim_plan(store: SqlUpdateStore) -> list[str]:
         return await explain(connection, store, statement)
 
 
-async def _wait_for_counted_changes(store: SqlUpdateStore, at_least: int) -> None:
-    """The database's counters lag its writers by up to a second or so; wait for them."""
+async def _counted(store: SqlUpdateStore, url: str) -> SqlUpdateStore:
+    """`store` closed, and the database opened again. PostgreSQL 15 counts a backend's writes
+    when the backend flushes its counters: at once when it exits, but up to 10 s late when it
+    flushed less than a second before and then stays idle (PGSTAT_IDLE_INTERVAL). Closing
+    ends the store's backends, so the counters below show their writes within moments."""
+    await store.close()
+    return await open_store(url)
+
+
+async def _wait_for_counted_changes(
+    store: SqlUpdateStore, url: str, at_least: int
+) -> SqlUpdateStore:
+    """The store, opened again once the counters show `at_least` changes since the last
+    ANALYZE (`_counted`)."""
+    store = await _counted(store, url)
     await _wait_for_counter(store, "n_mod_since_analyze", lambda n: n >= at_least)
+    return store
 
 
 async def _wait_for_counter(
@@ -391,29 +405,33 @@ async def _table_bytes(store: SqlUpdateStore) -> int:
         return int((await connection.exec_driver_sql(statement)).scalar_one())
 
 
-async def _delete_all(store: SqlUpdateStore, rows: int) -> None:
-    """Delete every row, as prune deletes, and wait until the counters show them dead."""
+async def _delete_all(store: SqlUpdateStore, url: str, rows: int) -> SqlUpdateStore:
+    """Delete every row, as prune deletes; the store opened again once the counters show
+    them dead (`_counted`)."""
     async with store.transaction() as connection:
         await connection.exec_driver_sql("DELETE FROM telegram_updates")
+    store = await _counted(store, url)
     await _wait_for_counter(store, "n_dead_tup", lambda n: n >= rows)
+    return store
 
 
 async def test_reclaim_space_vacuums_once_enough_rows_are_dead_and_their_space_is_reused(
     postgres_storage: Storage,
 ) -> None:
-    store = await open_store(postgres_storage.url())
+    url = postgres_storage.url()
+    store = await open_store(url)
     try:
         await _fill_as_the_intake_does(store, 2_000)
         assert await store.reclaim_space() is False  # nothing dead
         full = await _table_bytes(store)
-        await _delete_all(store, 2_000)
+        store = await _delete_all(store, url, 2_000)
         assert await store.reclaim_space(min_dead_rows=5_000) is False  # not enough dead
         assert await store.reclaim_space() is True  # never vacuumed, 2,000 dead
         await _wait_for_counter(store, "n_dead_tup", lambda n: n == 0)
         # The same rows again fit in the space the deleted ones left.
         await _fill_as_the_intake_does(store, 2_000, first=10_000)
         assert await _table_bytes(store) == full
-        await _delete_all(store, 2_000)
+        store = await _delete_all(store, url, 2_000)
         # Vacuumed moments ago: not again before the age.
         assert await store.reclaim_space(min_age_seconds=60) is False
         # Another vacuum holding the table (here, its lock held by hand): this one skips it
@@ -433,7 +451,8 @@ async def test_reclaim_space_vacuums_once_enough_rows_are_dead_and_their_space_i
 async def test_reclaim_space_vacuums_the_attempt_history_too(postgres_storage: Storage) -> None:
     """Every attempt inserts its history row and its settle supersedes it: on a server whose
     autovacuum is off (this machine's) the history would grow by every attempt ever made."""
-    store = await open_store(postgres_storage.url())
+    url = postgres_storage.url()
+    store = await open_store(url)
     try:
         await _fill_as_the_intake_does(store, 2_000)
         now = _now()
@@ -445,6 +464,7 @@ async def test_reclaim_space_vacuums_the_attempt_history_too(postgres_storage: S
         for start in range(0, 2_000, 250):
             assert all(await store.settle_many_owned(settled[start : start + 250]))
         history = "telegram_updates_attempts"
+        store = await _counted(store, url)
         # Its settles' updates are HOT (no indexed column changes), and page pruning takes
         # some of the old versions away without a vacuum: not every one is left dead.
         await _wait_for_counter(store, "n_dead_tup", lambda n: n >= 500, table=history)
@@ -460,20 +480,21 @@ async def test_reclaim_space_vacuums_the_attempt_history_too(postgres_storage: S
 async def test_refresh_statistics_gathers_them_when_never_gathered_grown_or_stale_and_old(
     postgres_storage: Storage,
 ) -> None:
-    store = await open_store(postgres_storage.url())
+    url = postgres_storage.url()
+    store = await open_store(url)
     try:
         await _fill_as_the_intake_does(store, 100)
-        await _wait_for_counted_changes(store, 100)
+        store = await _wait_for_counted_changes(store, url, 100)
         assert await store.refresh_statistics() is False  # never gathered, but 100 < 1,000
         assert await store.refresh_statistics(min_changes=100) is True  # never gathered
         assert await store.refresh_statistics(min_changes=1, min_age_seconds=0) is False
         await _fill_as_the_intake_does(store, 1_200, first=1_000)
-        await _wait_for_counted_changes(store, 1_200)
+        store = await _wait_for_counted_changes(store, url, 1_200)
         # Gathered moments ago, but the table has seen more writes than it had rows (100): a
         # burst into a small table does not wait for the age.
         assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=60) is True
         await _fill_as_the_intake_does(store, 1_200, first=3_000)
-        await _wait_for_counted_changes(store, 1_200)
+        store = await _wait_for_counted_changes(store, url, 1_200)
         # 1,200 writes into a table of 1,300 rows: enough changes, not yet old enough.
         assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=60) is False
         assert await store.refresh_statistics(min_changes=5_000, min_age_seconds=0) is False
@@ -489,13 +510,15 @@ async def test_refresh_statistics_never_gathers_them_from_an_empty_table(
     # grows (reltuples 0 over the metapage); none at all let the planner scale each index by
     # its size. Workers starting on an empty table gathered them so, and four of them then
     # drained a burst at a quarter of their pace.
-    store = await open_store(postgres_storage.url())
+    url = postgres_storage.url()
+    store = await open_store(url)
     try:
         assert await store.refresh_statistics(min_changes=1, min_age_seconds=0) is False
         await _fill_as_the_intake_does(store, 1_200)
-        await _wait_for_counted_changes(store, 1_200)  # counted before the deletes are
-        await _delete_all(store, 1_200)
-        await _wait_for_counted_changes(store, 2_400)
+        # Counted before the deletes are:
+        store = await _wait_for_counted_changes(store, url, 1_200)
+        store = await _delete_all(store, url, 1_200)
+        await _wait_for_counter(store, "n_mod_since_analyze", lambda n: n >= 2_400)
         await _wait_for_counter(store, "n_live_tup", lambda n: n == 0)
         # 2,400 changes since ever, and nothing left to describe.
         assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=0) is False
@@ -508,6 +531,7 @@ async def test_refresh_statistics_never_gathers_them_from_an_empty_table(
             ).scalar_one()
         assert gathered is None
         await _fill_as_the_intake_does(store, 1_200, first=5_000)
+        store = await _counted(store, url)
         await _wait_for_counter(store, "n_live_tup", lambda n: n == 1_200)
         assert await store.refresh_statistics(min_changes=1_000, min_age_seconds=0) is True
     finally:
@@ -520,10 +544,11 @@ async def test_after_refresh_statistics_the_claim_walks_the_due_order_index(
     # A table filled by the intake and never analysed: the planner may believe it holds a
     # handful of open rows and read all of them into a sort (a bitmap scan), or walk the bot's
     # rows by another index. With statistics, the claim walks ix_due in due order.
-    store = await open_store(postgres_storage.url())
+    url = postgres_storage.url()
+    store = await open_store(url)
     try:
         await _fill_as_the_intake_does(store, 20_000)
-        await _wait_for_counted_changes(store, 20_000)
+        store = await _wait_for_counted_changes(store, url, 20_000)
         assert await store.refresh_statistics() is True
         plan = await _claim_plan(store)
     finally:
