@@ -5,6 +5,9 @@ through it too (`server_config` gives uvicorn no logging config of its own). `au
 default) writes text when standard error is a terminal and JSON otherwise, so a container or
 a service manager gets JSON without asking.
 
+With tracing on (`app.tracing`), a line logged inside a span carries its `trace_id` and
+`span_id` as fields too (`carry_trace_ids`), in W3C's hex, as tracing backends show them.
+
 Lines about one attempt carry its identity as fields (`bot`, `update_id`, `attempt`,
 `claim_id`): in JSON as keys of the object, in text as the `bot:update_id attempt N (claim
 ...)` prefix. Nothing here logs settings: secrets are `SecretStr` and stay out of messages.
@@ -46,6 +49,23 @@ def configure(log_format: LogFormat = "auto", level: int | str = logging.INFO) -
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []  # propagate to ours
         logging.getLogger(name).propagate = True
+
+
+def carry_trace_ids(handlers: list[logging.Handler] | None = None) -> None:
+    """From now on, a line logged inside a recording span carries its ids (tracing is on),
+    through `handlers` (the root logger's: `configure`'s)."""
+    for handler in logging.getLogger().handlers if handlers is None else handlers:
+        handler.addFilter(_with_trace_ids)
+
+
+def _with_trace_ids(record: logging.LogRecord) -> bool:
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        record.trace_id = format(context.trace_id, "032x")
+        record.span_id = format(context.span_id, "016x")
+    return True
 
 
 def _without_colour(record: logging.LogRecord) -> bool:

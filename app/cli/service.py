@@ -17,6 +17,7 @@ import uvicorn
 from pydantic import SecretStr
 from starlette.types import ASGIApp
 
+from app import logs, tracing
 from app.api_keys import ApiKey
 from app.bot_settings import BotOptions, BotSettings
 from app.config import Settings
@@ -137,6 +138,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             return 2
         settings = polled
     problem = _configuration_problem(settings, workers=workers, demo=args.demo)
+    problem = problem or _tracing_problem(args.command)
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -175,8 +177,20 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
+def _tracing_problem(role: str) -> str | None:
+    """Tracing started for this process when the OTEL_* environment asks (`app.tracing`), its
+    log lines then carrying their spans' ids; or what is wrong with that environment."""
+    try:
+        if tracing.start_tracing(role) is not None:
+            logs.carry_trace_ids()
+    except tracing.TracingMisconfigured as error:
+        return f"tracing: {error}"
+    return None
+
+
 def _worker(settings: Settings, _args: argparse.Namespace) -> int:
     problem = _configuration_problem(settings, workers=True, demo=False)
+    problem = problem or _tracing_problem("worker")
     if problem:
         print(problem, file=sys.stderr)
         return 2

@@ -30,9 +30,15 @@ _SKIP = len(WEBHOOK_PREFIX)
 
 
 class Service(FastAPI):
-    """The service's FastAPI app; `webhook`, when set, answers the webhook's requests."""
+    """The service's FastAPI app; `webhook`, when set, answers the webhook's requests.
+
+    FastAPI's own OpenTelemetry (a span, metrics and logs for each request it routes, once a
+    provider is set globally, as `app.tracing` does when tracing is on) stays off: the
+    service's traces are one per update (`app.tracing`), not one per health probe or scrape,
+    and its metrics are Prometheus's."""
 
     def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("telemetry", {"tracing": False, "metrics": False, "logs": False})
         super().__init__(**kwargs)
         self.webhook: ASGIApp | None = None
 

@@ -13,7 +13,9 @@ Checks run in this order, and nothing invalid is ever stored:
    in fixed words with a request id (`app.http.failures`), the reason in the log under it.
 
 Each answer is counted by bot and result, with its latency and, for a valid update, its wait
-for the commit (`app.metrics`).
+for the commit (`app.metrics`). With tracing on (`app.tracing`), each request past the secret
+is a server span, the update's trace begins there; a 403 and a duplicate (its update's trace
+began with the first delivery) end no span, so none is exported.
 
 The webhook takes one request per update Telegram sends, so it is answered on a lean path, as
 the callbacks are (`app.api.lean`): `Intake` is an ASGI application of its own, reading the
@@ -34,11 +36,12 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request, Response
 from starlette.types import Message, Receive, Scope, Send
 
+from app import tracing
 from app.config import Settings
 from app.http.failures import Failure, failure_of, logged
 from app.http.guard import WEBHOOK_PREFIX, read_head, refuse, unsupported_encoding
@@ -50,6 +53,9 @@ from app.metric_labels import UNKNOWN_BOT, IntakeResult
 from app.metrics import IntakeMeters, Metrics
 from app.store import NewUpdate
 from app.store.validate import MAX_BIGINT
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
 
 log = logging.getLogger(__name__)
 SECRET_HEADER = b"x-telegram-bot-api-secret-token"
@@ -82,6 +88,8 @@ class Answer:
 
 
 OK = Answer(200, b'{"ok":true}')
+# Requests whose span is never ended: no trace is made for them (docs/contract.md section 15).
+_UNTRACED: frozenset[IntakeResult] = frozenset({"forbidden", "source_refused", "duplicate"})
 FORBIDDEN = Answer(403, b'{"error":"forbidden"}')
 DISCONNECTED = Answer.error(400, "the client went away before the body was read")
 
@@ -114,6 +122,7 @@ class Intake:
         self._limit = settings.max_body_bytes
         self._too_large = Answer.error(413, f"body over {settings.max_body_bytes} bytes")
         self._encoded = Answer.error(415, "no Content-Encoding is accepted: send the JSON as it is")
+        self._tracer = tracing.tracer()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.answer(scope["path"][len(WEBHOOK_PREFIX) :], scope, receive, send)
@@ -131,6 +140,9 @@ class Intake:
             await refuse(send, 400, head)
             return
         meters = self._meters.get(bot, self._unknown)
+        if self._tracer is not None:
+            await self._traced(self._tracer, bot, scope, head, receive, send, meters, arrival)
+            return
         try:
             result, answer = await self._receive(bot, scope, head, receive, meters, arrival)
         except Exception as error:  # nothing expected: a 500 in fixed words, as on /v1
@@ -138,6 +150,58 @@ class Intake:
             result, answer = "failed", _failed(failure)
         meters.answered(result, time.perf_counter() - started)
         await answer.send(send)
+
+    async def _traced(
+        self,
+        tracer: Tracer,
+        bot: str,
+        scope: Scope,
+        head: dict[bytes, bytes],
+        receive: Receive,
+        send: Send,
+        meters: IntakeMeters,
+        arrival: float,
+    ) -> None:
+        """`answer` in a server span, current while the request is answered (so that its log
+        lines carry its ids); ended, and so exported, unless the request was refused for its
+        secret or its source, or brought a duplicate."""
+        from opentelemetry import context, trace
+        from opentelemetry.trace import SpanKind, StatusCode
+
+        started = time.perf_counter()
+        span = tracer.start_span(
+            "POST /telegram/{bot}",
+            kind=SpanKind.SERVER,
+            # The head's arrival, on the wall clock (spans are timed in epoch nanoseconds).
+            start_time=time.time_ns() - int((asyncio.get_running_loop().time() - arrival) * 1e9),
+            attributes={
+                "http.request.method": "POST",
+                "http.route": "/telegram/{bot}",
+                "url.path": scope["path"],
+                "url.scheme": scope.get("scheme", "http"),
+                tracing.BOT: bot,
+            },
+        )
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            try:
+                result, answer = await self._receive(
+                    bot, scope, head, receive, meters, arrival, span
+                )
+            except Exception as error:  # nothing expected: a 500 in fixed words, as on /v1
+                failure = failure_of(error, f"POST {scope['path']}")
+                result, answer = "failed", _failed(failure)
+            meters.answered(result, time.perf_counter() - started)
+            await answer.send(send)
+        finally:
+            context.detach(token)
+        if result in _UNTRACED:
+            return  # never ended: never exported
+        span.set_attribute("http.response.status_code", answer.status)
+        span.set_attribute(tracing.OUTCOME, result)
+        if answer.status >= 500:
+            span.set_status(StatusCode.ERROR)
+        span.end()
 
     async def _receive(
         self,
@@ -147,6 +211,7 @@ class Intake:
         receive: Receive,
         meters: IntakeMeters,
         arrival: float,
+        span: Span | None = None,
     ) -> tuple[IntakeResult, Answer]:
         received_at = self._now()
         expected = self._secrets.get(bot)
@@ -181,6 +246,8 @@ class Intake:
         if update is None:
             return "invalid", Answer.error(400, problem)
         update_type, queue_key = classify(update)
+        if span is not None:
+            span.set_attribute(tracing.UPDATE_ID, update["update_id"])
         row = NewUpdate(bot, update["update_id"], text, received_at, update_type, queue_key)
         # While it waits for the commit, a request holds its row's text and nothing more.
         del body, update

@@ -1,0 +1,226 @@
+"""Tracing (app/tracing.py, docs/contract.md section 15): when the environment turns it on, what it
+refuses, and the intake's span for each request, exported to an in-memory exporter from a
+real uvicorn server over fresh storage of each backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from app import logs, tracing
+from tests.conftest import Storage
+from tests.intake.conftest import SECRET, intake_on
+
+ENDPOINT = "http://127.0.0.1:4318"
+
+
+@pytest.mark.parametrize(
+    ("environ", "wanted"),
+    [
+        ({}, False),
+        ({"OTEL_SERVICE_NAME": "shop-intake"}, False),  # a name alone exports nowhere
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{ENDPOINT}/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),  # the SDK's default endpoint, localhost
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_SDK_DISABLED": "TRUE"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_TRACES_EXPORTER": "none"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
+    ],
+)
+def test_the_standard_environment_turns_tracing_on(environ: dict[str, str], wanted: bool) -> None:
+    assert tracing.tracing_wanted(environ) is wanted
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER=zipkin"),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, "OTEL_TRACES_EXPORTER=otlp,console"),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
+        ),
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"},
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/json",
+        ),
+    ],
+)
+def test_what_is_not_shipped_is_refused_by_name(environ: dict[str, str], named: str) -> None:
+    with pytest.raises(tracing.TracingMisconfigured, match=named):
+        tracing.start_tracing("serve", environ)
+    assert tracing.tracer() is None
+
+
+def test_serve_stops_at_start_up_on_an_exporter_it_does_not_ship(storage: Storage) -> None:
+    environ = {
+        "PATH": "/usr/bin:/bin",
+        "INTAKE_DATABASE_URL": storage.url(),
+        "INTAKE_SECRET_TOKEN": SECRET,
+        "OTEL_TRACES_EXPORTER": "jaeger",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve", "--port", "0"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "tracing: OTEL_TRACES_EXPORTER=jaeger" in done.stderr
+
+
+@pytest.fixture
+def exported() -> Iterator[InMemorySpanExporter]:
+    """Tracing on for this test, every span ended kept in memory; off again after it."""
+    exporter = InMemorySpanExporter()
+    tracing.start_tracing("serve", processor=SimpleSpanProcessor(exporter))
+    try:
+        yield exporter
+    finally:
+        tracing.stop_tracing()
+
+
+UPDATE = (
+    '{"update_id":%d,"message":{"message_id":1,"chat":{"id":7,"type":"private"},"text":"pay 42"}}'
+)
+
+
+async def _intake_spans(exporter: InMemorySpanExporter, count: int) -> list[ReadableSpan]:
+    """The intake's spans, once there are `count`: the server ends a span after its answer
+    has gone, so the client may read the answer first."""
+    deadline = time.monotonic() + 10
+    while True:
+        spans = [s for s in exporter.get_finished_spans() if s.name.startswith("POST ")]
+        if len(spans) >= count or time.monotonic() > deadline:
+            return spans
+        await asyncio.sleep(0.01)
+
+
+def _values(span: ReadableSpan) -> str:
+    return json.dumps(dict(span.attributes or {}), default=str)
+
+
+async def test_each_recorded_update_begins_its_trace_at_the_intake(
+    storage: Storage, exported: InMemorySpanExporter
+) -> None:
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+    async with intake_on(storage)() as (base, _), httpx.AsyncClient(base_url=base) as client:
+        assert (
+            await client.post("/telegram/shop", content=UPDATE % 5, headers=headers)
+        ).status_code == 200
+        [span] = await _intake_spans(exported, 1)
+        assert span.name == "POST /telegram/{bot}"
+        assert span.kind is SpanKind.SERVER
+        assert span.parent is None  # Telegram sends no trace context: the update's trace starts
+        attributes: dict[str, Any] = dict(span.attributes or {})
+        assert attributes == {
+            "http.request.method": "POST",
+            "http.route": "/telegram/{bot}",
+            "url.path": "/telegram/shop",
+            "url.scheme": "http",
+            "intake.bot": "shop",
+            "intake.update_id": 5,
+            "http.response.status_code": 200,
+            "intake.outcome": "accepted",
+        }
+        assert span.status.status_code is StatusCode.UNSET
+        assert span.start_time is not None
+        assert span.end_time is not None
+        assert span.start_time <= span.end_time
+
+        # A duplicate and a wrong secret make no trace; a body that is no update gets its own,
+        # a 400 (no update: nothing of it is kept).
+        assert (
+            await client.post("/telegram/shop", content=UPDATE % 5, headers=headers)
+        ).status_code == 200
+        wrong = {"X-Telegram-Bot-Api-Secret-Token": "not-it"}
+        assert (
+            await client.post("/telegram/shop", content=UPDATE % 6, headers=wrong)
+        ).status_code == 403
+        assert (
+            await client.post("/telegram/nobody", content=UPDATE % 6, headers=headers)
+        ).status_code == 403
+        assert (
+            await client.post("/telegram/shop", content="[1]", headers=headers)
+        ).status_code == 400
+        spans = await _intake_spans(exported, 2)
+        assert len(spans) == 2
+        refused = spans[1]
+        assert refused.attributes is not None
+        assert refused.attributes["http.response.status_code"] == 400
+        assert refused.attributes["intake.outcome"] == "invalid"
+        assert "intake.update_id" not in refused.attributes
+        assert refused.context is not None
+        assert span.context is not None
+        assert refused.context.trace_id != span.context.trace_id
+
+    for each in exported.get_finished_spans():  # never a body, a token or a secret
+        assert "pay 42" not in _values(each)
+        assert SECRET not in _values(each)
+
+
+def test_tracing_off_loads_no_sdk_in_serve_or_a_worker() -> None:
+    # Free when off: the processes build the intake, the API and the dispatcher without
+    # OpenTelemetry's SDK or exporter in memory (FastAPI imports its API for itself).
+    program = (
+        "import sys\n"
+        "SDK = ('opentelemetry.sdk', 'opentelemetry.exporter', 'google.protobuf')\n"
+        "from app.cli.service import _tracing_problem\n"
+        "from app.config import Settings\n"
+        "from app.main import create_app\n"
+        "import app.worker, app.intake.route, app.dispatch.runner\n"
+        "assert _tracing_problem('serve') is None\n"
+        "create_app(Settings(database_url='sqlite:///unused.db', secret_token='s'))\n"
+        "print(sorted(name for name in sys.modules if name.startswith(SDK)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_log_lines_inside_a_span_carry_its_ids(exported: InMemorySpanExporter) -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    root = logging.getLogger()
+    handler = Keep()
+    root.addHandler(handler)
+    try:
+        logs.carry_trace_ids([handler])
+        tracer = tracing.tracer()
+        assert tracer is not None
+        with tracer.start_as_current_span("attempt") as span:
+            logging.getLogger("app.test").warning("inside")
+        logging.getLogger("app.test").warning("outside")
+    finally:
+        root.removeHandler(handler)
+    inside, outside = records[-2:]
+    context = span.get_span_context()
+    assert inside.__dict__["trace_id"] == format(context.trace_id, "032x")
+    assert inside.__dict__["span_id"] == format(context.span_id, "016x")
+    assert "trace_id" not in outside.__dict__
