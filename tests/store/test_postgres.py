@@ -407,12 +407,33 @@ async def _table_bytes(store: SqlUpdateStore) -> int:
 
 async def _delete_all(store: SqlUpdateStore, url: str, rows: int) -> SqlUpdateStore:
     """Delete every row, as prune deletes; the store opened again once the counters show
-    them dead (`_counted`)."""
+    them dead (`_counted`) and a vacuum may remove them (`_older_snapshots_ended`)."""
     async with store.transaction() as connection:
         await connection.exec_driver_sql("DELETE FROM telegram_updates")
+    await _older_snapshots_ended(store)
     store = await _counted(store, url)
     await _wait_for_counter(store, "n_dead_tup", lambda n: n >= rows)
     return store
+
+
+async def _older_snapshots_ended(store: SqlUpdateStore) -> None:
+    """Until no transaction of the database began before now: the suite's other tests share
+    it, and a vacuum keeps every row version that an older transaction may still read."""
+    older = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND xact_start < %(now)s "
+        "AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)"
+    )
+    async with store.engine.connect() as connection:
+        now = (await connection.exec_driver_sql("SELECT clock_timestamp()")).scalar_one()
+    deadline = time.monotonic() + 60
+    while True:
+        async with store.engine.connect() as connection:
+            count = (await connection.exec_driver_sql(older, {"now": now})).scalar_one()
+        if count == 0:
+            return
+        assert time.monotonic() < deadline, f"{count} transactions older than {now} still run"
+        await asyncio.sleep(0.1)
 
 
 async def test_reclaim_space_vacuums_once_enough_rows_are_dead_and_their_space_is_reused(
@@ -464,6 +485,7 @@ async def test_reclaim_space_vacuums_the_attempt_history_too(postgres_storage: S
         for start in range(0, 2_000, 250):
             assert all(await store.settle_many_owned(settled[start : start + 250]))
         history = "telegram_updates_attempts"
+        await _older_snapshots_ended(store)
         store = await _counted(store, url)
         # Its settles' updates are HOT (no indexed column changes), and page pruning takes
         # some of the old versions away without a vacuum: not every one is left dead.
