@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-    from opentelemetry.trace import Tracer
+    from opentelemetry.trace import Span, Tracer
 
 __all__ = [
     "BOT",
@@ -36,6 +37,7 @@ __all__ = [
     "UPDATE_ID",
     "TracingMisconfigured",
     "start_tracing",
+    "traceparent",
     "tracer",
     "tracing_wanted",
 ]
@@ -106,6 +108,23 @@ def start_tracing(
         provider.add_span_processor(processor)
     _tracer = provider.get_tracer(SERVICE_NAME)
     return _tracer
+
+
+def traceparent(span: Span) -> str:
+    """The W3C `traceparent` naming `span` as the parent: what the row keeps (revision 0007)
+    and what a forward sends."""
+    context = span.get_span_context()
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def context_of(traceparent: str | None) -> Context | None:
+    """The context whose current span is the one `traceparent` names (a span of another
+    process, the intake's): a span started in it is that span's child. None for None."""
+    if traceparent is None:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
 
 
 def stop_tracing() -> None:

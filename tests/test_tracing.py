@@ -21,7 +21,22 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from app import logs, tracing
-from tests.conftest import Storage
+from app.main import create_app
+from tests.conftest import Storage, serve_asgi, table_rows
+from tests.downstream import (
+    DOWNSTREAM_SECRET,
+    SIGNING_SECRET,
+    FakeDownstream,
+    bot,
+    by_attempt,
+    dispatching,
+    eventually,
+    message,
+    ok,
+    settings_for,
+    status,
+)
+from tests.downstream import SECRET as DOWNSTREAM_MODULE_SECRET
 from tests.intake.conftest import SECRET, intake_on
 
 ENDPOINT = "http://127.0.0.1:4318"
@@ -119,7 +134,7 @@ async def test_each_recorded_update_begins_its_trace_at_the_intake(
     storage: Storage, exported: InMemorySpanExporter
 ) -> None:
     headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
-    async with intake_on(storage)() as (base, _), httpx.AsyncClient(base_url=base) as client:
+    async with intake_on(storage)() as (base, url), httpx.AsyncClient(base_url=base) as client:
         assert (
             await client.post("/telegram/shop", content=UPDATE % 5, headers=headers)
         ).status_code == 200
@@ -142,6 +157,10 @@ async def test_each_recorded_update_begins_its_trace_at_the_intake(
         assert span.start_time is not None
         assert span.end_time is not None
         assert span.start_time <= span.end_time
+        # The row keeps the span's traceparent, for the attempts to join the update's trace.
+        context = span.get_span_context()
+        traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+        assert table_rows(url, "update_id", "trace_context") == [(5, traceparent)]
 
         # A duplicate and a wrong secret make no trace; a body that is no update gets its own,
         # a 400 (no update: nothing of it is kept).
@@ -224,3 +243,79 @@ def test_log_lines_inside_a_span_carry_its_ids(exported: InMemorySpanExporter) -
     assert inside.__dict__["trace_id"] == format(context.trace_id, "032x")
     assert inside.__dict__["span_id"] == format(context.span_id, "016x")
     assert "trace_id" not in outside.__dict__
+
+
+async def test_each_attempt_joins_its_update_s_trace_and_hands_it_downstream(
+    storage: Storage, downstream: FakeDownstream, exported: InMemorySpanExporter
+) -> None:
+    # The intake and a dispatcher, as `run` has them, the dispatcher with a store of its own
+    # (a worker's): the first attempt answered 500, the second 200.
+    downstream.answer = by_attempt(status(500), ok)
+    settings = settings_for(storage.url(), bot(downstream))
+    headers = {"X-Telegram-Bot-Api-Secret-Token": DOWNSTREAM_MODULE_SECRET}
+    async with serve_asgi(create_app(settings)) as base, dispatching(settings):
+        async with httpx.AsyncClient(base_url=base) as client:
+            posted = await client.post(
+                "/telegram/shop", content=message(5, text="pay 42"), headers=headers
+            )
+            assert posted.status_code == 200
+        await eventually(lambda: len(_of_kind(exported, SpanKind.CONSUMER)) == 2)
+    [intake] = await _intake_spans(exported, 1)
+    assert intake.context is not None
+    trace_id = intake.context.trace_id
+    attempts = sorted(
+        _of_kind(exported, SpanKind.CONSUMER), key=lambda s: _attribute(s, "intake.attempt")
+    )
+    forwards = _of_kind(exported, SpanKind.CLIENT)
+    received = downstream.received
+    assert [r.attempt for r in received] == [1, 2]
+    for number, (attempt, outcome) in enumerate(
+        zip(attempts, ("retry", "completed"), strict=True), 1
+    ):
+        assert attempt.name == "process shop"
+        assert attempt.context is not None
+        assert attempt.context.trace_id == trace_id  # one trace for the update
+        assert attempt.parent is not None
+        assert attempt.parent.span_id == intake.context.span_id  # each attempt, the intake's child
+        assert _attribute(attempt, "intake.outcome") == outcome
+        assert _attribute(attempt, "intake.update_id") == 5
+        assert (
+            _attribute(attempt, "intake.claim_id")
+            == received[number - 1].headers["x-intake-claim-id"]
+        )
+        [forward] = [
+            f
+            for f in forwards
+            if f.parent is not None and f.parent.span_id == attempt.context.span_id
+        ]
+        assert forward.context is not None
+        assert _attribute(forward, "http.response.status_code") == (500, 200)[number - 1]
+        assert _attribute(forward, "server.address") == "127.0.0.1"
+        # A 500 is the forward's failure (the attempt's own plan, a retry, is no error).
+        failed = StatusCode.ERROR if number == 1 else StatusCode.UNSET
+        assert forward.status.status_code is failed
+        # The request carried the forward's own span as the parent of the bot's spans.
+        traceparent = (
+            f"00-{trace_id:032x}-{forward.context.span_id:016x}-{forward.context.trace_flags:02x}"
+        )
+        assert received[number - 1].headers["traceparent"] == traceparent
+        settles = [
+            s.name
+            for s in exported.get_finished_spans()
+            if s.name.startswith("settle ")
+            and s.parent is not None
+            and s.parent.span_id == attempt.context.span_id
+        ]
+        assert settles == [("settle failed", "settle completed")[number - 1]]
+    assert attempts[0].status.status_code is StatusCode.UNSET  # a retry is the plan working
+    for each in exported.get_finished_spans():  # never a body, a token or a secret
+        for secret in ("pay 42", DOWNSTREAM_MODULE_SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET):
+            assert secret not in _values(each)
+
+
+def _of_kind(exporter: InMemorySpanExporter, kind: SpanKind) -> list[ReadableSpan]:
+    return [span for span in exporter.get_finished_spans() if span.kind is kind]
+
+
+def _attribute(span: ReadableSpan, name: str) -> Any:
+    return (span.attributes or {}).get(name)

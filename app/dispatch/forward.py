@@ -42,6 +42,14 @@ class Downstream:
         self.bot = bot
         self._transport = transport
         self._url = httpx.URL(str(bot.downstream_url))
+        # Where a span may say the forwards go: scheme, host and port only. Bots often keep a
+        # token in the path (aiogram's examples do), or in the query or the user part.
+        url = self._url
+        self.traced_address: dict[str, str | int] = {
+            "url.scheme": url.scheme,
+            "server.address": url.host,
+            "server.port": url.port or (443 if url.scheme == "https" else 80),
+        }
         exhaustion_url = bot.exhaustion_url
         self._exhaustion_url = None if exhaustion_url is None else httpx.URL(str(exhaustion_url))
         # identity: httpx would inflate a compressed answer past the transport's size bound.
@@ -63,11 +71,15 @@ class Downstream:
         lease_until: int,
         *,
         received_at: int | None = None,
+        traceparent: str | None = None,
     ) -> Outcome:
         """POST one attempt; what its answer means. Never raises for the downstream's sake.
         `received_at` is the recording's (the claimed row's); without it the request carries
-        no fencing token."""
+        no fencing token. `traceparent` (tracing on): the forward's span, W3C's header, so
+        that the bot's own spans join the update's trace."""
         headers = dict(self._headers)
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         fenced = self.bot.mode != "plain"
         if fenced:
             headers["x-intake-bot"] = identity.bot

@@ -10,6 +10,11 @@ A refused settle or exhaustion is the owner-lost signal (`lost`, which the lease
 raises too): the request is cancelled, nothing is settled, and a late answer is ignored. An
 attempt cancelled because the dispatcher is stopping is handed back: a fenced settle that
 makes it due at once, so another process retakes it, and spends none of its budget.
+
+With tracing on (`app.tracing`), each attempt is a CONSUMER span, "process {bot}", in the
+update's trace (the child of the intake's span, by the `traceparent` kept with the row); the
+forward within it a CLIENT span whose `traceparent` the request carries, and each settle or
+exhaustion an INTERNAL span. The attempt's span ends with its outcome.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from app import tracing
 from app.dispatch.attempt import Attempt
 from app.dispatch.clock import Alarm, DatabaseClock
 from app.dispatch.maintenance import ExhaustionDelivery
@@ -39,10 +45,22 @@ from app.store import (
     StoreUnavailable,
 )
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")
 
 EXPIRED = "expired"
+# Attempt outcomes that mark the attempt's span an error (a retry, a deferral and a hand-back
+# are the plan working; an exhaustion is the update's failure, and so are these).
+_FAILED = frozenset({"terminal", "spent", "expired", "unsettled", "lost"})
+_SETTLE_SPANS: dict[type[Settlement], str] = {
+    Completed: "settle completed",
+    Failed: "settle failed",
+    Abandoned: "settle abandoned",
+    HandedBack: "settle handed_back",
+}
 LOST_BECAUSE: dict[LostReason, str] = {
     "renewal_refused": "renewal refused",
     "lease_ran_out": "its lease ran out unrenewed",
@@ -74,12 +92,84 @@ class AttemptRunner:
         self._arrivals = arrivals
         self._exhaustions = exhaustions
         self._jitter = jitter
+        self._tracer = tracing.tracer()
         self.owner_lost = 0  # attempts that found their claim taken or lapsed
 
     async def run(self, attempt: Attempt, forwarded: Callable[[Attempt], None]) -> None:
         """Forward and conclude `attempt`; `forwarded` is called once its request has ended
         (answered, failed or never sent), before its settle: the request no longer counts
         against the limits of requests in flight."""
+        if self._tracer is None:
+            await self._run(attempt, forwarded, None)
+        else:
+            await self._traced(self._tracer, attempt, forwarded)
+
+    async def _traced(
+        self, tracer: Tracer, attempt: Attempt, forwarded: Callable[[Attempt], None]
+    ) -> None:
+        """`_run` in the attempt's span, current meanwhile (its log lines carry its ids)."""
+        from opentelemetry import context, trace
+        from opentelemetry.trace import SpanKind, StatusCode
+
+        identity = attempt.identity
+        span = tracer.start_span(
+            f"process {identity.bot}",
+            context=tracing.context_of(attempt.claimed.trace_context),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "telegram_intake",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": identity.bot,
+                "messaging.message.id": str(identity.update_id),
+                tracing.BOT: identity.bot,
+                tracing.UPDATE_ID: identity.update_id,
+                tracing.ATTEMPT: identity.attempt,
+                tracing.CLAIM_ID: identity.claim_id,
+            },
+        )
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            await self._run(attempt, forwarded, tracer)
+        finally:
+            context.detach(token)
+            outcome = "lost" if attempt.lost else attempt.outcome
+            span.set_attribute(tracing.OUTCOME, outcome)
+            if outcome in _FAILED:
+                span.set_status(StatusCode.ERROR, outcome)
+            span.end()
+
+    async def _forward(self, attempt: Attempt, tracer: Tracer | None) -> Outcome:
+        """The attempt's request, in a CLIENT span when tracing is on."""
+        downstream = attempt.lane.downstream
+        claimed = attempt.claimed
+        if tracer is None:
+            return await downstream.forward(
+                attempt.identity, claimed.body, attempt.lease_until, received_at=claimed.received_at
+            )
+        from opentelemetry.trace import SpanKind, StatusCode
+
+        with tracer.start_as_current_span(
+            "POST",
+            kind=SpanKind.CLIENT,
+            attributes={"http.request.method": "POST", **downstream.traced_address},
+        ) as span:
+            outcome = await downstream.forward(
+                attempt.identity,
+                claimed.body,
+                attempt.lease_until,
+                received_at=claimed.received_at,
+                traceparent=tracing.traceparent(span),
+            )
+            if outcome.status is not None:
+                span.set_attribute("http.response.status_code", outcome.status)
+            if outcome.downstream_failed:
+                span.set_attribute("error.type", str(outcome.status or outcome.kind))
+                span.set_status(StatusCode.ERROR)
+            return outcome
+
+    async def _run(
+        self, attempt: Attempt, forwarded: Callable[[Attempt], None], tracer: Tracer | None
+    ) -> None:
         lane = attempt.lane
         try:
             expires_at = attempt.expires_at
@@ -89,12 +179,7 @@ class AttemptRunner:
                 return
             started = time.perf_counter()
             try:
-                outcome = await lane.downstream.forward(
-                    attempt.identity,
-                    attempt.claimed.body,
-                    attempt.lease_until,
-                    received_at=attempt.claimed.received_at,
-                )
+                outcome = await self._forward(attempt, tracer)
             except asyncio.CancelledError:
                 if attempt.handed_back:
                     forwarded(attempt)
@@ -179,9 +264,7 @@ class AttemptRunner:
         if not attempt.lane.durable:
             await self._settle(attempt, Abandoned(now, error, status))
             return
-        exhausted = await self._retrying(
-            attempt, lambda: self._store.exhaust(attempt.identity, now, error, status=status)
-        )
+        exhausted = await self._exhaust(attempt, now, error, status)
         if exhausted:
             AttemptLog.of(log, attempt.identity).warning("exhausted (%s)", error)
             attempt.unblocks = attempt.claimed.queue_key is not None
@@ -190,8 +273,32 @@ class AttemptRunner:
         else:
             self.lost(attempt, "exhaust_refused")
 
+    async def _exhaust(self, attempt: Attempt, now: int, error: str, status: int | None) -> bool:
+        """The exhaustion's fenced write, in an INTERNAL span when tracing is on."""
+
+        async def exhaust() -> bool:
+            return await self._retrying(
+                attempt, lambda: self._store.exhaust(attempt.identity, now, error, status=status)
+            )
+
+        if self._tracer is None:
+            return await exhaust()
+        with self._tracer.start_as_current_span("exhaust") as span:
+            took = await exhaust()
+            span.set_attribute("intake.took_effect", took)
+            return took
+
     async def _settle(self, attempt: Attempt, settlement: Settlement) -> bool:
-        """A fenced settle; False (and the owner-lost signal) when it was refused."""
+        """A fenced settle; False (and the owner-lost signal) when it was refused. In an
+        INTERNAL span when tracing is on."""
+        if self._tracer is None:
+            return await self._settle_now(attempt, settlement)
+        with self._tracer.start_as_current_span(_SETTLE_SPANS[type(settlement)]) as span:
+            took = await self._settle_now(attempt, settlement)
+            span.set_attribute("intake.took_effect", took)
+            return took
+
+    async def _settle_now(self, attempt: Attempt, settlement: Settlement) -> bool:
         identity = attempt.identity
         if attempt.lane.plain:
 

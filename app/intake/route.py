@@ -14,8 +14,9 @@ Checks run in this order, and nothing invalid is ever stored:
 
 Each answer is counted by bot and result, with its latency and, for a valid update, its wait
 for the commit (`app.metrics`). With tracing on (`app.tracing`), each request past the secret
-is a server span, the update's trace begins there; a 403 and a duplicate (its update's trace
-began with the first delivery) end no span, so none is exported.
+is a server span, the update's trace begins there, and its `traceparent` is kept with the row
+(revision 0007) for the attempts to join; a 403 and a duplicate (its update's trace began with
+the first delivery) end no span, so none is exported.
 
 The webhook takes one request per update Telegram sends, so it is answered on a lean path, as
 the callbacks are (`app.api.lean`): `Intake` is an ASGI application of its own, reading the
@@ -246,9 +247,13 @@ class Intake:
         if update is None:
             return "invalid", Answer.error(400, problem)
         update_type, queue_key = classify(update)
+        trace_context = None
         if span is not None:
             span.set_attribute(tracing.UPDATE_ID, update["update_id"])
-        row = NewUpdate(bot, update["update_id"], text, received_at, update_type, queue_key)
+            trace_context = tracing.traceparent(span)
+        row = NewUpdate(
+            bot, update["update_id"], text, received_at, update_type, queue_key, trace_context
+        )
         # While it waits for the commit, a request holds its row's text and nothing more.
         del body, update
         arrived = time.perf_counter()

@@ -11,7 +11,9 @@ workers report of their breaker, the state of the backlog and webhook watches), 
 (every operator action) and `_events` (the outbox of operational events), and the indexes
 that operators' searches walk; revision 0005 (who may see what) adds `_audit_bots` (the bots each
 audit entry concerns, which a key limited to some bots is shown by) and `_sessions` (the
-console's sessions, which end at sign-out, after an idle time, or with their key).
+console's sessions, which end at sign-out, after an idle time, or with their key); revision 0006
+(Telegram's queues) adds `queue_rule`; revision 0007 (tracing, docs/contract.md section 15)
+adds `trace_context`, the W3C `traceparent` of the span that recorded the update.
 `make_metadata(table, revision=...)` draws any of them.
 
 Invariants every statement of the store keeps (its queries lean on them for index use; a
@@ -46,8 +48,8 @@ from app.store import validate
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
-Revision = Literal["0001", "0002", "0003", "0004", "0005", "0006"]
-HEAD: Revision = "0006"
+Revision = Literal["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
+HEAD: Revision = "0007"
 # What each revision adds, in order: `revision_of` reads a live schema by it (the columns of
 # the updates table, and the tables beside it by their suffix).
 ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
@@ -56,6 +58,7 @@ ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0004": (),
     "0005": (),
     "0006": ("queue_rule",),
+    "0007": ("trace_context",),
 }
 ADDED_TABLES: dict[Revision, tuple[str, ...]] = {
     "0004": ("_attempts", "_bots", "_audit", "_events"),
@@ -143,6 +146,10 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         # Which table computed queue_key: NULL for a row recorded by code older than 0006 (the
         # database keys it on insert, app/store/rekey.py), QUEUE_RULE for Telegram's queues.
         columns.append(Column("queue_rule", Integer, nullable=True))
+    if revision >= "0007":
+        # The trace the update belongs to: the W3C traceparent of the intake's span for the
+        # request that recorded it; NULL when tracing was off there (docs/contract.md 15).
+        columns.append(Column("trace_context", Text, nullable=True))
     updates = Table(
         table,
         metadata,

@@ -116,6 +116,8 @@ class Claimed:
     # This attempt's place in the budget: its number less the attempts that spent none
     # (hand-backs, redrives). It ends the update when it reaches max_attempts.
     counted: int
+    # The update's trace (`NewUpdate.trace_context`): None when it has none, or below 0007.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +174,8 @@ class NewUpdate:
     received_at: int
     update_type: str | None = None
     queue_key: str | None = None
+    # The W3C traceparent of the span that recorded it (tracing on), from revision 0007.
+    trace_context: str | None = None
 
     def __post_init__(self) -> None:
         validate.bot_name(self.bot)
@@ -180,6 +184,7 @@ class NewUpdate:
         validate.millis("received_at", self.received_at)
         validate.optional_text("update_type", self.update_type)
         validate.optional_text("queue_key", self.queue_key)
+        validate.trace_context(self.trace_context)
 
 
 # -- operator control (revision 0004) -----------------------------------------------------------

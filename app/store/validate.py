@@ -88,6 +88,17 @@ def text(name: str, value: Any) -> str:
     return value
 
 
+# W3C Trace Context's traceparent, version 00: trace id and parent id, neither all zeros.
+TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def trace_context(value: Any) -> str | None:
+    """A W3C `traceparent` (version 00), or None."""
+    if value is not None and (not isinstance(value, str) or not TRACEPARENT.fullmatch(value)):
+        raise ValueError(f"trace_context {value!r:.80} is not a W3C traceparent (version 00)")
+    return value
+
+
 def optional_text(name: str, value: Any) -> str | None:
     return None if value is None else text(name, value)
 

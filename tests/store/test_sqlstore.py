@@ -14,6 +14,7 @@ from app.store import (
     ClaimIdentity,
     Completed,
     Failed,
+    NewUpdate,
     SchemaError,
     StoreUnavailable,
     open_store,
@@ -72,6 +73,32 @@ async def test_add_rejects_a_body_a_backend_cannot_store(
     try:
         with pytest.raises(ValueError, match=named):
             await store.add(**{**GOOD, "body": body})
+        assert await store.due(now=1, pending_before=1, limit=10) == []
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "trace_context",
+    [
+        "",
+        "00-" + "0" * 32 + "-" + "cd" * 8 + "-01",  # an all-zero trace id is invalid
+        "00-" + "ab" * 16 + "-" + "0" * 16 + "-01",  # so is an all-zero parent id
+        "01-" + "ab" * 16 + "-" + "cd" * 8 + "-01",  # a version this does not read
+        "00-" + "AB" * 16 + "-" + "cd" * 8 + "-01",  # upper case
+        "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01\n",
+        42,
+    ],
+)
+async def test_a_new_update_s_trace_context_must_be_a_traceparent(
+    storage: Storage, trace_context: Any
+) -> None:
+    store = await open_store(storage.url())
+    try:
+        with pytest.raises(ValueError, match=r"trace_context .* is not a W3C traceparent"):
+            await store.add_many(
+                [NewUpdate("shop", 7, '{"update_id": 7}', 1, None, None, trace_context)]
+            )
         assert await store.due(now=1, pending_before=1, limit=10) == []
     finally:
         await store.close()

@@ -162,6 +162,7 @@ class ClaimMethods(SqlCore):
                 queue_key=row.queue_key,
                 received_at=row.received_at,
                 counted=row.counted,
+                trace_context=getattr(row, "trace_context", None),  # None below 0007
             )
             for row in rows
             if row.state == "processing"

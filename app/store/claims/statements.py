@@ -214,8 +214,9 @@ def claim_next_owned(
             t.c.update_type,
             t.c.queue_key,
             t.c.received_at,
+            *([t.c.trace_context] if "trace_context" in t.c else []),  # revision 0007
             counted(t).label("counted"),
-            walked_heads.label("walked_heads"),
+            walked_heads.label("walked_heads"),  # last: a reader of raw rows finds it there
         )
     )
 

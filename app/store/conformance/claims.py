@@ -16,7 +16,7 @@ from app.store.conformance._core import (
     _two_claims,
 )
 from app.store.contract import FencedUpdateStore, UpdateStore
-from app.store.types import ClaimIdentity, Completed, Failed
+from app.store.types import ClaimIdentity, Completed, Failed, NewUpdate
 
 # -- base ------------------------------------------------------------------------------------
 
@@ -76,6 +76,25 @@ async def _fresh_identity(store: FencedUpdateStore, f: _Findings) -> None:
     f.equal(await store.owns(second, 250), False, "owns by attempt 2 after a base reclaim")
     adopted = _other(second, attempt=3)
     f.equal(await store.owns(adopted, 250), False, "a base claim kept the old claim_id")
+
+
+@_rule("a claim carries the trace its update was recorded under, attempt after attempt", "fenced")
+async def _claimed_trace(store: FencedUpdateStore, f: _Findings) -> None:
+    traced = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    await store.add_many(
+        [NewUpdate(BOT, 1, _body(1), 0, trace_context=traced), NewUpdate(BOT, 2, _body(2), 0)]
+    )
+    again = "00-" + "12" * 16 + "-" + "34" * 8 + "-01"  # Telegram's second delivery, traced anew
+    await store.add_many([NewUpdate(BOT, 1, _body(1), 5, trace_context=again)])
+    for now, attempt in ((10, 1), (101, 2)):  # the second after the first lease lapsed
+        claimed = await store.claim_next_owned(
+            now=now, lease_until=now + 90, max_attempts=MAX, limit=10, ordering="none"
+        )
+        f.equal(
+            {(c.identity.update_id, c.identity.attempt): c.trace_context for c in claimed},
+            {(1, attempt): traced, (2, attempt): None},
+            f"the traces of attempt {attempt}",
+        )
 
 
 @_rule("of 8 concurrent claim_owned calls exactly one takes the update", "fenced")

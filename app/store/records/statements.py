@@ -36,6 +36,7 @@ ADD_COLUMNS = {
     "update_type": Text,
     "queue_key": Text,
     "received_at": BigInteger,
+    "trace_context": Text,  # revision 0007: inserted where the table has it
 }
 
 
@@ -45,7 +46,7 @@ def add_many(t: Table, batch: FromClause, upsert: Upsert) -> Insert:
     first one kept). Which keys were new, each backend tells its own way: PostgreSQL by
     RETURNING, SQLite by the count it inserted (and `sqlite_statements.inserted` when some
     were not new)."""
-    columns = ADD_COLUMNS
+    columns = [name for name in ADD_COLUMNS if name in t.c]
     # A pending row's due_at is its received_at: `due` and the due-order index rely on it.
     values = [
         *(batch.c[name] for name in columns),
