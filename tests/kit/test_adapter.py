@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from telegram_intake_kit import Forwarded, Identity, IntakeAttempt, Terminal, current_attempt
 from telegram_intake_kit.adapter import Intake, describe
@@ -219,6 +222,36 @@ async def test_handlers_that_return_are_answered_200(intakes: Callable[..., Inta
     answer = await intakes().handle(*request_for(message_update(1)), run)
     assert (answer.status, answer.body) == (200, {})
     assert [forwarded.update for forwarded in seen] == [message_update(1)]
+
+
+async def test_the_handlers_continue_the_trace_the_forward_names(
+    intakes: Callable[..., Intake],
+) -> None:
+    # The bot traces with its own provider; the service's forward names its span in W3C's
+    # traceparent (docs/contract.md section 15): the handlers' spans are that span's children.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("the bot")
+
+    async def run(_forwarded: Forwarded, _attempt: IntakeAttempt | None) -> None:
+        with tracer.start_as_current_span("the bot's handler"):
+            pass
+
+    headers, body = request_for(message_update(4))
+    traceparent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    answer = await intakes().handle({**headers, "traceparent": traceparent}, body, run)
+    assert answer.status == 200
+    answer = await intakes().handle(*request_for(message_update(5)), run)  # none named
+    assert answer.status == 200
+    continued, alone = exporter.get_finished_spans()
+    assert continued.context is not None
+    assert continued.context.trace_id == int("ab" * 16, 16)
+    assert continued.parent is not None
+    assert continued.parent.span_id == int("cd" * 8, 16)
+    assert alone.parent is None
+    assert alone.context is not None
+    assert alone.context.trace_id != continued.context.trace_id
 
 
 async def test_handlers_that_raise_are_answered_500_with_type_and_message(

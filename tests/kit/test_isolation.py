@@ -20,6 +20,7 @@ BLOCKED = (
     "uvicorn",
     "standardwebhooks",
     "alembic",
+    "opentelemetry",  # optional: the handlers continue a trace where the bot traces
     "app",
 )
 

@@ -17,6 +17,11 @@ is no update) and runs nothing. Deferring needs the callback API (`intake_url`, 
 and an identity to settle with; without them the adapter waits for the handlers however long
 they take, and the service's forward timeout decides.
 
+The service's forward carries W3C `traceparent` when its tracing is on. Where the bot has
+OpenTelemetry's API installed, the handlers run in the context it names (through the bot's
+own propagators), so the spans they make are children of the forward's span, in the update's
+trace; without the API, or without the header, nothing changes.
+
 `Intake` is that logic without a framework: `telegram_intake_kit.aiogram` and
 `telegram_intake_kit.ptb` give it their request and the call that runs the handlers.
 """
@@ -127,7 +132,8 @@ class Intake:
         if isinstance(forwarded, Answer):
             return forwarded
         attempt = self.attempt(forwarded)
-        task = asyncio.create_task(self._run(run, forwarded, attempt))
+        parent = _trace_context(headers)
+        task = asyncio.create_task(self._run(run, forwarded, attempt, parent))
         if self.client is None or attempt is None:
             return verdict(await _ended(task))
         try:
@@ -143,8 +149,15 @@ class Intake:
         return verdict(await _ended(task))
 
     @staticmethod
-    async def _run(run: Handlers, forwarded: Forwarded, attempt: IntakeAttempt | None) -> None:
-        _current.set(attempt)  # this task's own context: current_attempt() in the handlers
+    async def _run(
+        run: Handlers, forwarded: Forwarded, attempt: IntakeAttempt | None, parent: Any
+    ) -> None:
+        # This task's own context: current_attempt() in the handlers, and the update's trace.
+        _current.set(attempt)
+        if parent is not None:
+            from opentelemetry import context
+
+            context.attach(parent)
         await run(forwarded, attempt)
 
     async def _finish(self, task: asyncio.Task[None], identity: Identity) -> None:
@@ -209,6 +222,22 @@ class Intake:
         await asyncio.gather(*self._deferred, return_exceptions=True)
         if self.client is not None:
             await self.client.aclose()
+
+
+_TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
+
+
+def _trace_context(headers: Mapping[str, str]) -> Any:
+    """The OpenTelemetry context the request's W3C headers name, read by the bot's own
+    propagators; None without a `traceparent` or without OpenTelemetry's API."""
+    if headers.get("traceparent") is None:
+        return None
+    try:
+        from opentelemetry.propagate import extract
+    except ImportError:
+        return None
+    carrier = {name: value for name in _TRACE_HEADERS if (value := headers.get(name)) is not None}
+    return extract(carrier)
 
 
 async def _ended(task: asyncio.Task[None]) -> BaseException | None:
