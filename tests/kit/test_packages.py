@@ -60,7 +60,7 @@ def test_the_python_kit_builds_and_works_installed_alone(tmp_path: Path) -> None
         assert "telegram_intake_kit/py.typed" in archive.namelist()
     required = meta.get_all("Requires-Dist") or []
     assert sorted(r for r in required if "extra ==" not in r) == ["httpx>=0.27", "pydantic>=2.7"]
-    assert set(meta.get_all("Provides-Extra") or []) == {"aiogram", "ptb", "fence"}
+    assert set(meta.get_all("Provides-Extra") or []) == {"aiogram", "ptb", "fence", "otel"}
 
     subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
     python = venv / "bin" / "python"

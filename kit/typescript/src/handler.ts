@@ -9,7 +9,9 @@
  * `TerminalError` (the update becomes an exhaustion), 500 any other error (the
  * service retries), 401 a request that is not the service's (nothing runs).
  * With `intakeUrl` and `apiKey`, handlers still running after `deferAfter`
- * seconds are answered 202 and settled later through the callback API.
+ * seconds are answered 202 and settled later through the callback API. When
+ * the forward carries W3C `traceparent` and the bot has `@opentelemetry/api`,
+ * the handlers run in that trace (`./tracing`).
  */
 
 import type { IncomingMessage, ServerResponse } from "node:http";
@@ -20,6 +22,7 @@ import { readForwarded, Rejected, type Forwarded } from "./forwarded";
 import { describe, Runner, type Ending, type UpdateHandler } from "./frameworks";
 import type { Identity } from "./identity";
 import { signingKey } from "./signature";
+import { inTrace } from "./tracing";
 
 export interface IntakeHandlerOptions {
   /** The bot's `downstream_secret_token` (`X-Telegram-Bot-Api-Secret-Token`). */
@@ -114,7 +117,8 @@ export function intakeHandler(
     const { identity, update } = forwarded;
     const attempt =
       identity === undefined ? undefined : new IntakeAttempt({ ...forwarded, identity }, client);
-    const running = runner.run(update, attempt);
+    // In the update's trace, where the service traces and the bot has OpenTelemetry.
+    const running = inTrace(req.headers, () => runner.run(update, attempt));
     if (client === undefined || identity === undefined) {
       reply(res, await running);
       return;
