@@ -177,16 +177,20 @@ class Cluster:
             admin.execute(statement)
 
     def kill(self) -> None:
-        """SIGKILL the postmaster and every process it started, in one signal to its process
-        group (the postmaster leads its own): nothing is flushed, nothing says goodbye to a
-        client, and no process is forked between two kills."""
+        """SIGKILL the postmaster, then every process it started: nothing is flushed, nothing
+        says goodbye to a client, and none is forked once the postmaster is gone. Each child
+        leads a process group of its own (PostgreSQL's setsid), so each is killed by name: a
+        child left alone would end only once it saw its postmaster gone, and a stopped one
+        (SIGSTOP, as the lagging failover stops its WAL sender) would never see it."""
         postmaster = self._postmaster()
         if postmaster is None:
             return
-        if os.getpgid(postmaster) != postmaster:
-            raise RuntimeError(f"the postmaster {postmaster} does not lead its process group")
+        children = [pid for pid in _all_pids() if _parent(pid) == postmaster]
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(postmaster, signal.SIGKILL)
+            os.kill(postmaster, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
     def signal_process(self, title: str, number: int) -> None:
         """Send `number` to this cluster's process whose title starts with `title` (as `ps`

@@ -150,7 +150,7 @@ class FailoverPair(Database):
             self._primary.signal_process("walsender", signal.SIGSTOP)
             self.moments["lagging"] = time.time()
             time.sleep(self._lag)
-        self._primary.kill()  # the stopped sender with the rest
+        self._primary.kill()  # the stopped sender with the rest (each child by name)
         self.moments["killed"] = time.time()  # once every process of it is gone
         time.sleep(self._promote_after)
         self.moments["promoting"] = time.time()
