@@ -31,12 +31,17 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
 __all__ = [
+    "ATTEMPT",
     "BOT",
     "CLAIM_ID",
     "OUTCOME",
     "UPDATE_ID",
     "TracingMisconfigured",
+    "context_of",
+    "make_current",
+    "release",
     "start_tracing",
+    "stop_tracing",
     "traceparent",
     "tracer",
     "tracing_wanted",
@@ -115,6 +120,21 @@ def traceparent(span: Span) -> str:
     and what a forward sends."""
     context = span.get_span_context()
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def make_current(span: Span) -> object:
+    """Make `span` the current one (its children's parent, its ids on log lines) until
+    `release` is given the token returned. Not ended by either."""
+    from opentelemetry import context, trace
+
+    return context.attach(trace.set_span_in_context(span))
+
+
+def release(token: object) -> None:
+    """Undo `make_current`."""
+    from opentelemetry import context
+
+    context.detach(token)  # type: ignore[arg-type]
 
 
 def context_of(traceparent: str | None) -> Context | None:

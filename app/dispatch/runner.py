@@ -100,7 +100,7 @@ class AttemptRunner:
         (answered, failed or never sent), before its settle: the request no longer counts
         against the limits of requests in flight."""
         if self._tracer is None:
-            await self._run(attempt, forwarded, None)
+            await self._run(attempt, forwarded)
         else:
             await self._traced(self._tracer, attempt, forwarded)
 
@@ -108,7 +108,6 @@ class AttemptRunner:
         self, tracer: Tracer, attempt: Attempt, forwarded: Callable[[Attempt], None]
     ) -> None:
         """`_run` in the attempt's span, current meanwhile (its log lines carry its ids)."""
-        from opentelemetry import context, trace
         from opentelemetry.trace import SpanKind, StatusCode
 
         identity = attempt.identity
@@ -127,21 +126,22 @@ class AttemptRunner:
                 tracing.CLAIM_ID: identity.claim_id,
             },
         )
-        token = context.attach(trace.set_span_in_context(span))
+        token = tracing.make_current(span)
         try:
-            await self._run(attempt, forwarded, tracer)
+            await self._run(attempt, forwarded)
         finally:
-            context.detach(token)
+            tracing.release(token)
             outcome = "lost" if attempt.lost else attempt.outcome
             span.set_attribute(tracing.OUTCOME, outcome)
             if outcome in _FAILED:
                 span.set_status(StatusCode.ERROR, outcome)
             span.end()
 
-    async def _forward(self, attempt: Attempt, tracer: Tracer | None) -> Outcome:
+    async def _forward(self, attempt: Attempt) -> Outcome:
         """The attempt's request, in a CLIENT span when tracing is on."""
         downstream = attempt.lane.downstream
         claimed = attempt.claimed
+        tracer = self._tracer
         if tracer is None:
             return await downstream.forward(
                 attempt.identity, claimed.body, attempt.lease_until, received_at=claimed.received_at
@@ -167,9 +167,7 @@ class AttemptRunner:
                 span.set_status(StatusCode.ERROR)
             return outcome
 
-    async def _run(
-        self, attempt: Attempt, forwarded: Callable[[Attempt], None], tracer: Tracer | None
-    ) -> None:
+    async def _run(self, attempt: Attempt, forwarded: Callable[[Attempt], None]) -> None:
         lane = attempt.lane
         try:
             expires_at = attempt.expires_at
@@ -179,7 +177,7 @@ class AttemptRunner:
                 return
             started = time.perf_counter()
             try:
-                outcome = await self._forward(attempt, tracer)
+                outcome = await self._forward(attempt)
             except asyncio.CancelledError:
                 if attempt.handed_back:
                     forwarded(attempt)
@@ -274,27 +272,26 @@ class AttemptRunner:
             self.lost(attempt, "exhaust_refused")
 
     async def _exhaust(self, attempt: Attempt, now: int, error: str, status: int | None) -> bool:
-        """The exhaustion's fenced write, in an INTERNAL span when tracing is on."""
-
-        async def exhaust() -> bool:
-            return await self._retrying(
+        """The exhaustion's fenced write."""
+        return await self._recorded(
+            "exhaust",
+            lambda: self._retrying(
                 attempt, lambda: self._store.exhaust(attempt.identity, now, error, status=status)
-            )
-
-        if self._tracer is None:
-            return await exhaust()
-        with self._tracer.start_as_current_span("exhaust") as span:
-            took = await exhaust()
-            span.set_attribute("intake.took_effect", took)
-            return took
+            ),
+        )
 
     async def _settle(self, attempt: Attempt, settlement: Settlement) -> bool:
-        """A fenced settle; False (and the owner-lost signal) when it was refused. In an
-        INTERNAL span when tracing is on."""
+        """A fenced settle; False (and the owner-lost signal) when it was refused."""
+        name = _SETTLE_SPANS[type(settlement)]
+        return await self._recorded(name, lambda: self._settle_now(attempt, settlement))
+
+    async def _recorded(self, name: str, write: Callable[[], Awaitable[bool]]) -> bool:
+        """`write()`, a fenced write; with tracing on, in an INTERNAL span `name` that says
+        whether it took effect."""
         if self._tracer is None:
-            return await self._settle_now(attempt, settlement)
-        with self._tracer.start_as_current_span(_SETTLE_SPANS[type(settlement)]) as span:
-            took = await self._settle_now(attempt, settlement)
+            return await write()
+        with self._tracer.start_as_current_span(name) as span:
+            took = await write()
             span.set_attribute("intake.took_effect", took)
             return took
 

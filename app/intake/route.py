@@ -141,36 +141,34 @@ class Intake:
             await refuse(send, 400, head)
             return
         meters = self._meters.get(bot, self._unknown)
+        span = token = None
         if self._tracer is not None:
-            await self._traced(self._tracer, bot, scope, head, receive, send, meters, arrival)
-            return
+            span = self._request_span(self._tracer, bot, scope, arrival)
+            token = tracing.make_current(span)  # while it is answered: its ids on log lines
         try:
-            result, answer = await self._receive(bot, scope, head, receive, meters, arrival)
-        except Exception as error:  # nothing expected: a 500 in fixed words, as on /v1
-            failure = failure_of(error, f"POST {scope['path']}")
-            result, answer = "failed", _failed(failure)
-        meters.answered(result, time.perf_counter() - started)
-        await answer.send(send)
+            try:
+                result, answer = await self._receive(
+                    bot, scope, head, receive, meters, arrival, span
+                )
+            except Exception as error:  # nothing expected: a 500 in fixed words, as on /v1
+                failure = failure_of(error, f"POST {scope['path']}")
+                result, answer = "failed", _failed(failure)
+            meters.answered(result, time.perf_counter() - started)
+            await answer.send(send)
+        finally:
+            if token is not None:
+                tracing.release(token)
+        if span is not None and result not in _UNTRACED:  # never ended: never exported
+            _end_request_span(span, result, answer)
 
-    async def _traced(
-        self,
-        tracer: Tracer,
-        bot: str,
-        scope: Scope,
-        head: dict[bytes, bytes],
-        receive: Receive,
-        send: Send,
-        meters: IntakeMeters,
-        arrival: float,
-    ) -> None:
-        """`answer` in a server span, current while the request is answered (so that its log
-        lines carry its ids); ended, and so exported, unless the request was refused for its
-        secret or its source, or brought a duplicate."""
-        from opentelemetry import context, trace
-        from opentelemetry.trace import SpanKind, StatusCode
+    @staticmethod
+    def _request_span(tracer: Tracer, bot: str, scope: Scope, arrival: float) -> Span:
+        """The request's server span, from the head's arrival; ended (and so exported) by
+        `_end_request_span` unless the request was refused for its secret or its source, or
+        brought a duplicate."""
+        from opentelemetry.trace import SpanKind
 
-        started = time.perf_counter()
-        span = tracer.start_span(
+        return tracer.start_span(
             "POST /telegram/{bot}",
             kind=SpanKind.SERVER,
             # The head's arrival, on the wall clock (spans are timed in epoch nanoseconds).
@@ -183,26 +181,6 @@ class Intake:
                 tracing.BOT: bot,
             },
         )
-        token = context.attach(trace.set_span_in_context(span))
-        try:
-            try:
-                result, answer = await self._receive(
-                    bot, scope, head, receive, meters, arrival, span
-                )
-            except Exception as error:  # nothing expected: a 500 in fixed words, as on /v1
-                failure = failure_of(error, f"POST {scope['path']}")
-                result, answer = "failed", _failed(failure)
-            meters.answered(result, time.perf_counter() - started)
-            await answer.send(send)
-        finally:
-            context.detach(token)
-        if result in _UNTRACED:
-            return  # never ended: never exported
-        span.set_attribute("http.response.status_code", answer.status)
-        span.set_attribute(tracing.OUTCOME, result)
-        if answer.status >= 500:
-            span.set_status(StatusCode.ERROR)
-        span.end()
 
     async def _receive(
         self,
@@ -297,6 +275,16 @@ class Intake:
                 chunks.append(chunk)
                 return b"".join(chunks)
             chunks.append(chunk)
+
+
+def _end_request_span(span: Span, result: IntakeResult, answer: Answer) -> None:
+    from opentelemetry.trace import StatusCode
+
+    span.set_attribute("http.response.status_code", answer.status)
+    span.set_attribute(tracing.OUTCOME, result)
+    if answer.status >= 500:
+        span.set_status(StatusCode.ERROR)
+    span.end()
 
 
 def _failed(failure: Failure) -> Answer:
