@@ -22,7 +22,7 @@ conventions' HTTP attributes; never a body, a token or a secret.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ __all__ = [
     "TracingMisconfigured",
     "context_of",
     "make_current",
+    "recorded",
     "release",
     "start_tracing",
     "stop_tracing",
@@ -145,6 +146,17 @@ def context_of(traceparent: str | None) -> Context | None:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+
+
+async def recorded(tracer: Tracer | None, name: str, write: Callable[[], Awaitable[bool]]) -> bool:
+    """`write()`, a write that may not take effect (a fenced settle, an acknowledgement); with
+    tracing on, in an INTERNAL span `name` that says whether it did (`intake.took_effect`)."""
+    if tracer is None:
+        return await write()
+    with tracer.start_as_current_span(name) as span:
+        took = await write()
+        span.set_attribute("intake.took_effect", took)
+        return took
 
 
 def stop_tracing() -> None:

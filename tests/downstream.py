@@ -191,6 +191,7 @@ async def dispatching(
         table=settings.table,
         pgbouncer=settings.database_pgbouncer,
         listen_url=settings.listen_database_url,
+        events=settings.operations_url is not None,
     )
     try:
         async with running_dispatcher(store, settings, monotonic_ns=monotonic_ns) as dispatcher:

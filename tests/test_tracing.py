@@ -10,7 +10,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -307,10 +307,90 @@ async def test_each_attempt_joins_its_update_s_trace_and_hands_it_downstream(
             and s.parent.span_id == attempt.context.span_id
         ]
         assert settles == [("settle failed", "settle completed")[number - 1]]
+        # The claim that took it, with the claim statement's own times: the attempt begins
+        # with it, and its forward follows it.
+        [claim] = [
+            s
+            for s in exported.get_finished_spans()
+            if s.name == "claim" and s.parent is not None
+            and s.parent.span_id == attempt.context.span_id
+        ]  # fmt: skip
+        assert _attribute(claim, "messaging.batch.message_count") == 1
+        assert claim.start_time == attempt.start_time
+        assert claim.start_time is not None
+        assert claim.end_time is not None
+        assert forward.start_time is not None
+        assert claim.start_time < claim.end_time <= forward.start_time
     assert attempts[0].status.status_code is StatusCode.UNSET  # a retry is the plan working
     for each in exported.get_finished_spans():  # never a body, a token or a secret
         for secret in ("pay 42", DOWNSTREAM_MODULE_SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET):
             assert secret not in _values(each)
+
+
+async def test_an_exhaustion_s_deliveries_join_its_update_s_trace(
+    storage: Storage, downstream: FakeDownstream, exported: InMemorySpanExporter
+) -> None:
+    # A terminal answer ends the update: its exhaustion goes to exhaustion_url and is
+    # acknowledged, and exhaustion.created goes to operations_url, each a span of the
+    # update's trace whose POST hands the trace on.
+    downstream.answer = status(400)
+    shop = bot(downstream, exhaustion_url=f"{downstream.url}/exhausted")
+    settings = settings_for(
+        storage.url(),
+        shop,
+        operations_url=f"{downstream.url}/operations",
+        operations_signing_secret=SIGNING_SECRET,
+    )
+    headers = {"X-Telegram-Bot-Api-Secret-Token": DOWNSTREAM_MODULE_SECRET}
+    async with serve_asgi(create_app(settings)) as base, dispatching(settings):
+        async with httpx.AsyncClient(base_url=base) as client:
+            posted = await client.post(
+                "/telegram/shop", content=message(7, text="pay 42"), headers=headers
+            )
+            assert posted.status_code == 200
+
+        def delivered() -> bool:
+            names = {s.name for s in exported.get_finished_spans()}
+            return {"deliver exhaustion", "deliver exhaustion.created"} <= names
+
+        await eventually(delivered)
+    [intake] = await _intake_spans(exported, 1)
+    assert intake.context is not None
+    spans = exported.get_finished_spans()
+    [attempt] = _of_kind(exported, SpanKind.CONSUMER)
+    assert _attribute(attempt, "intake.outcome") == "terminal"
+    assert [s.name for s in _children(spans, attempt)] == ["claim", "POST", "exhaust"]
+    for name, received, outcome_span in (
+        ("deliver exhaustion", downstream.exhaustions, "acknowledge exhaustion"),
+        ("deliver exhaustion.created", downstream.operations, "mark delivered"),
+    ):
+        [delivery] = [s for s in spans if s.name == name]
+        assert delivery.context is not None
+        assert delivery.context.trace_id == intake.context.trace_id, name  # the update's trace
+        assert delivery.parent is not None
+        assert delivery.parent.span_id == intake.context.span_id, name
+        assert _attribute(delivery, "intake.outcome") == "delivered"
+        post, marked = _children(spans, delivery)
+        assert (post.name, post.kind, marked.name) == ("POST", SpanKind.CLIENT, outcome_span)
+        assert _attribute(post, "http.response.status_code") == 200
+        assert _attribute(marked, "intake.took_effect") is True
+        assert post.context is not None
+        # The receiver got the POST's own span as the parent of its spans.
+        [request] = received
+        assert request.headers["traceparent"] == tracing.traceparent(post)
+    [delivery] = [s for s in spans if s.name == "deliver exhaustion"]
+    assert _attribute(delivery, "intake.claim_id") == _attribute(attempt, "intake.claim_id")
+    for each in spans:  # never a body, a token or a secret
+        for secret in ("pay 42", DOWNSTREAM_MODULE_SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET):
+            assert secret not in _values(each)
+
+
+def _children(spans: Sequence[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
+    """The spans whose parent is `parent`, in the order they began."""
+    assert parent.context is not None
+    span_id = parent.context.span_id
+    found = [s for s in spans if s.parent is not None and s.parent.span_id == span_id]
+    return sorted(found, key=lambda s: s.start_time or 0)
 
 
 def _of_kind(exporter: InMemorySpanExporter, kind: SpanKind) -> list[ReadableSpan]:

@@ -51,6 +51,15 @@ class Lane:
         self.throttled = False
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimSpan:
+    """When the claim statement that took an attempt ran, for the attempt's trace."""
+
+    started_ns: int
+    ended_ns: int
+    batch: int
+
+
 @dataclass(eq=False, slots=True)
 class Attempt:
     lane: Lane
@@ -66,6 +75,9 @@ class Attempt:
     probe: bool = False  # the one attempt a half-open breaker let through
     judged: bool = False  # its answer reached the breaker
     outcome: AttemptOutcome = "unsettled"  # how it ended, counted as it does ("lost" aside)
+    # With tracing on, the claim that took it: its statement's start and end (epoch ns), and
+    # how many rows that statement took (a claim is batched, before any attempt exists).
+    claim: ClaimSpan | None = None
 
     @property
     def identity(self) -> ClaimIdentity:

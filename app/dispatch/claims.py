@@ -31,7 +31,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from app.dispatch.attempt import Attempt, Lane
+from app import tracing
+from app.dispatch.attempt import Attempt, ClaimSpan, Lane
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.runner import AttemptRunner
 from app.logs import AttemptLog
@@ -80,6 +81,7 @@ class ClaimLoop:
         self._stopping = False
         self._controls_read = -CONTROLS_SECONDS  # monotonic seconds; -: never yet
         self._controls = True  # the table has revision 0004's controls
+        self._timed = tracing.tracer() is not None  # each claim's time, for the attempts' spans
 
     async def _read_controls(self) -> None:
         """Which bots have a rate limit, once a second: a new limit binds within about that."""
@@ -146,9 +148,19 @@ class ClaimLoop:
             if not more:
                 await wait_or_timeout(self._wake, self._idle_seconds())
 
-    def start(self, lane: Lane, claimed: Claimed, lease_until: int, now: int) -> Attempt:
-        """Run the attempt of a row just claimed, counting it in flight until it ends."""
-        attempt = Attempt(lane, claimed, lease_until, now)
+    def start(
+        self,
+        lane: Lane,
+        claimed: Claimed,
+        lease_until: int,
+        now: int,
+        *,
+        probe: bool,
+        claim: ClaimSpan | None = None,
+    ) -> Attempt:
+        """Run the attempt of a row just claimed (`claim`: when its claim ran, with tracing
+        on), counting it in flight until it ends."""
+        attempt = Attempt(lane, claimed, lease_until, now, probe=probe, claim=claim)
         lane.in_flight += 1
         self.in_flight += 1
         self.attempts.add(attempt)
@@ -189,6 +201,7 @@ class ClaimLoop:
         lease_until = now + lane.lease_ms
         if lane.plain:
             return await self._claim_plain(lane, wanted, now, lease_until)
+        started_ns = time.time_ns() if self._timed else 0
         claimed = await self._store.claim_next_owned(
             now=now,
             lease_until=lease_until,
@@ -198,9 +211,10 @@ class ClaimLoop:
             bots=[lane.name],
             durable_exhaustion=lane.durable,
         )
+        claim = ClaimSpan(started_ns, time.time_ns(), len(claimed)) if self._timed else None
         probe = lane.breaker.started(len(claimed))
         for row in claimed:
-            self.start(lane, row, lease_until, now).probe = probe
+            self.start(lane, row, lease_until, now, probe=probe, claim=claim)
         return len(claimed)
 
     async def _claim_plain(self, lane: Lane, wanted: int, now: int, lease_until: int) -> int:
@@ -210,6 +224,7 @@ class ClaimLoop:
         due = await self._store.due(now=now, pending_before=now, limit=wanted, bots=[lane.name])
         started = 0
         for row in due:
+            started_ns = time.time_ns() if self._timed else 0
             attempt = await self._store.claim(
                 row.bot,
                 row.update_id,
@@ -222,7 +237,9 @@ class ClaimLoop:
                 received_at = now if row.received_at is None else row.received_at
                 # The base claim reports no budget: a plain bot's attempts all count.
                 claimed = Claimed(identity, row.body, row.update_type, None, received_at, attempt)
-                self.start(lane, claimed, lease_until, now).probe = lane.breaker.started(1)
+                claim = ClaimSpan(started_ns, time.time_ns(), 1) if self._timed else None
+                probe = lane.breaker.started(1)
+                self.start(lane, claimed, lease_until, now, probe=probe, claim=claim)
                 started += 1
         return started
 

@@ -7,7 +7,9 @@ workers deliver them: each sweep takes the due events under a lease in the datab
 after its lease lapses (at least once; the receiver dedupes by `webhook-id`). Each POST is signed
 with Standard Webhooks by `operations_signing_secret`. A 2xx marks it delivered; anything else
 makes it due again after `operations_retry_seconds`, doubling up to an hour, the backoff kept
-in its row so that a restart does not reset it.
+in its row so that a restart does not reset it. With tracing on, each delivery is a span (its
+POST within it, `traceparent` sent): of the update's trace for an event about one update
+(exhaustion.created; revision 0008 keeps the trace with the event), else a trace of its own.
 
 Beside delivery run the watches that make events no transaction makes: the backlog watch
 (backlog.stale), and the getWebhookInfo watch of the bots with a token (telegram.webhook_error,
@@ -18,19 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING
 
 import httpx
 from standardwebhooks import Webhook
 
-from app import bot_api
+from app import bot_api, tracing
 from app.bot_settings import BotSettings
 from app.config import Settings
 from app.dispatch.clock import DatabaseClock
-from app.dispatch.forward import post, sign
+from app.dispatch.forward import in_client_span, post, sign, traced_address
 from app.dispatch.maintenance import pause_for, repeat_forever
 from app.metrics import Metrics
+from app.policy import Outcome
 from app.store import OperationalEvent, OperatorStore, StoreError, WebhookInfo
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,8 @@ class EventDelivery:
         self._store = store
         self._clock = clock
         self._url = httpx.URL(str(settings.operations_url))
+        self._address = traced_address(self._url)
+        self._tracer = tracing.tracer()
         self._signer = Webhook(settings.operations_signing_secret.get_secret_value())
         self._transport = transport
         self._retry = settings.operations_retry_seconds
@@ -86,12 +95,41 @@ class EventDelivery:
                 return delivered
 
     async def _deliver(self, event: OperationalEvent) -> bool:
-        headers = {"content-type": "application/json", "accept-encoding": "identity"}
-        sign(self._signer, headers, event.message_id, event.payload)
-        outcome = await post(self._transport, self._url, headers, event.payload, self._timeout)
-        if outcome.kind in ("completed", "deferred"):  # any 2xx
+        """Deliver one event; with tracing on, in a span "deliver {type}": of the update's
+        trace for an event about one (exhaustion.created), else a trace of its own."""
+        tracer = self._tracer
+        if tracer is None:
+            return await self._deliver_in(event, None)
+        with tracer.start_as_current_span(
+            f"deliver {event.type}",
+            context=tracing.context_of(event.trace_context),
+            attributes={
+                "intake.event.type": event.type,
+                "intake.event.id": event.message_id,
+                "intake.deliveries": event.deliveries,  # the failed ones before this
+            },
+        ) as span:
+            return await self._deliver_in(event, span)
+
+    async def _deliver_in(self, event: OperationalEvent, span: Span | None) -> bool:
+        def send(traceparent: str | None) -> Awaitable[Outcome]:
+            headers = {"content-type": "application/json", "accept-encoding": "identity"}
+            if traceparent is not None:
+                headers["traceparent"] = traceparent
+            sign(self._signer, headers, event.message_id, event.payload)
+            return post(self._transport, self._url, headers, event.payload, self._timeout)
+
+        outcome = await in_client_span(self._tracer, self._address, send)
+        delivered = outcome.kind in ("completed", "deferred")  # any 2xx
+        if span is not None:
+            span.set_attribute(tracing.OUTCOME, "delivered" if delivered else "failed")
+        if delivered:
             self._metrics.operational_event(event.type, "delivered")
-            return await self._store.event_delivered(event, self._clock.now())
+            return await tracing.recorded(
+                self._tracer,
+                "mark delivered",
+                lambda: self._store.event_delivered(event, self._clock.now()),
+            )
         self._metrics.operational_event(event.type, "failed")
         pause = min(self._retry * 2 ** min(event.deliveries, 20), MAX_RETRY_SECONDS)
         await self._store.event_failed(event, self._clock.now() + int(pause * 1000))

@@ -17,11 +17,14 @@ trickles it; the transport's own timeouts bound each step only.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import httpx
 from standardwebhooks import Webhook
 
+from app import tracing
 from app.bot_settings import BotSettings
 from app.dispatch.transport import AiohttpTransport
 from app.policy import Outcome, classify, classify_answer, classify_error
@@ -31,6 +34,9 @@ from telegram_intake_kit.forwarded import (
     RECEIVED_AT_HEADER,
     identity_message,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 
 class Downstream:
@@ -42,16 +48,12 @@ class Downstream:
         self.bot = bot
         self._transport = transport
         self._url = httpx.URL(str(bot.downstream_url))
-        # Where a span may say the forwards go: scheme, host and port only. Bots often keep a
-        # token in the path (aiogram's examples do), or in the query or the user part.
-        url = self._url
-        self.traced_address: dict[str, str | int] = {
-            "url.scheme": url.scheme,
-            "server.address": url.host,
-            "server.port": url.port or (443 if url.scheme == "https" else 80),
-        }
+        self.traced_address = traced_address(self._url)
         exhaustion_url = bot.exhaustion_url
         self._exhaustion_url = None if exhaustion_url is None else httpx.URL(str(exhaustion_url))
+        self.exhaustion_address = (
+            None if self._exhaustion_url is None else traced_address(self._exhaustion_url)
+        )
         # identity: httpx would inflate a compressed answer past the transport's size bound.
         self._plain_headers = {"content-type": "application/json", "accept-encoding": "identity"}
         self._headers = dict(self._plain_headers)
@@ -95,13 +97,17 @@ class Downstream:
             headers[IDENTITY_SIGNATURE_HEADER] = self._signer.sign(signed, timestamp, "")
         return await self._post(self._url, headers, body)
 
-    async def deliver_exhaustion(self, identity: ClaimIdentity, payload: str) -> Outcome:
+    async def deliver_exhaustion(
+        self, identity: ClaimIdentity, payload: str, *, traceparent: str | None = None
+    ) -> Outcome:
         """POST an exhaustion record to `exhaustion_url`, keyed for idempotency by the
-        identity of the attempt that ended the update."""
+        identity of the attempt that ended the update (`traceparent`: as `forward`'s)."""
         if self._exhaustion_url is None:
             raise ValueError(f"bot {self.bot.name!r} has no exhaustion_url")
         key = f"{identity.bot}:{identity.update_id}:{identity.attempt}:{identity.claim_id}"
         headers = {**self._plain_headers, "idempotency-key": key}
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         self._sign(headers, f"exhaustion:{key}", payload)
         return await self._post(self._exhaustion_url, headers, payload)
 
@@ -113,6 +119,39 @@ class Downstream:
         return await post(
             self._transport, url, headers, body, self._timeout, deadline=self._deadline
         )
+
+
+def traced_address(url: httpx.URL) -> dict[str, str | int]:
+    """Where a span may say a request goes: scheme, host and port only. Bots often keep a
+    token in the path (aiogram's examples do), or in the query or the user part."""
+    return {
+        "url.scheme": url.scheme,
+        "server.address": url.host,
+        "server.port": url.port or (443 if url.scheme == "https" else 80),
+    }
+
+
+async def in_client_span(
+    tracer: Tracer | None,
+    address: Mapping[str, str | int],
+    send: Callable[[str | None], Awaitable[Outcome]],
+) -> Outcome:
+    """`send(traceparent)`, a POST to `address`: with tracing on, in a CLIENT span "POST"
+    (the HTTP conventions' attributes) whose own `traceparent` it is given to send, so the
+    receiver's spans are its children; without, given None."""
+    if tracer is None:
+        return await send(None)
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    attributes = {"http.request.method": "POST", **address}
+    with tracer.start_as_current_span("POST", kind=SpanKind.CLIENT, attributes=attributes) as span:
+        outcome = await send(tracing.traceparent(span))
+        if outcome.status is not None:
+            span.set_attribute("http.response.status_code", outcome.status)
+        if outcome.downstream_failed:
+            span.set_attribute("error.type", str(outcome.status or outcome.kind))
+            span.set_status(StatusCode.ERROR)
+        return outcome
 
 
 def sign(signer: Webhook | None, headers: dict[str, str], message_id: str, body: str) -> datetime:

@@ -6,7 +6,8 @@ Exhaustions (durable bots) are delivered to the bot's `exhaustion_url` and ackno
 (`take_exhaustions`), so across every process each exhaustion is delivered once while none
 dies, and again only after a lease lapses (at least once). A failed delivery's backoff is
 kept in the row (`delivery_failed`), so a restart does not reset it, and a sweep reads only
-the rows due now.
+the rows due now. With tracing on, each delivery is a span of the update's trace: the POST
+within it (its `traceparent` sent), and the acknowledgement.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
+from app import tracing
 from app.dispatch.clock import DatabaseClock, wait_or_timeout
-from app.dispatch.forward import Downstream
+from app.dispatch.forward import Downstream, in_client_span
 from app.logs import AttemptLog
 from app.metrics import AttemptMeters
 from app.store import Exhaustion, OperatorStore, StoreError, UpdateStore
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,7 @@ class ExhaustionDelivery:
         longest = max(d.bot.forward_timeout_seconds for d in downstreams.values())
         self._lease_ms = int((longest + LEASE_MARGIN_SECONDS) * 1000)
         self._wake = asyncio.Event()
+        self._tracer = tracing.tracer()
 
     def wake(self) -> None:
         self._wake.set()
@@ -103,10 +110,40 @@ class ExhaustionDelivery:
                 return delivered
 
     async def _deliver(self, exhaustion: Exhaustion) -> bool:
+        """Deliver one exhaustion, and acknowledge it once the receiver took it; with tracing
+        on, in a span "deliver exhaustion" of the update's trace."""
+        tracer = self._tracer
+        if tracer is None:
+            return await self._deliver_in(exhaustion, None)
+        identity = exhaustion.identity
+        with tracer.start_as_current_span(
+            "deliver exhaustion",
+            context=tracing.context_of(exhaustion.trace_context),
+            attributes={
+                tracing.BOT: identity.bot,
+                tracing.UPDATE_ID: identity.update_id,
+                tracing.ATTEMPT: identity.attempt,
+                tracing.CLAIM_ID: identity.claim_id,
+                "intake.deliveries": exhaustion.deliveries,  # the failed ones before this
+            },
+        ) as span:
+            return await self._deliver_in(exhaustion, span)
+
+    async def _deliver_in(self, exhaustion: Exhaustion, span: Span | None) -> bool:
         identity = exhaustion.identity
         downstream = self._downstreams[identity.bot]
-        outcome = await downstream.deliver_exhaustion(identity, exhaustion_payload(exhaustion))
-        if outcome.kind not in ("completed", "deferred"):  # any 2xx
+        payload = exhaustion_payload(exhaustion)
+        outcome = await in_client_span(
+            self._tracer,
+            downstream.exhaustion_address or {},
+            lambda traceparent: downstream.deliver_exhaustion(
+                identity, payload, traceparent=traceparent
+            ),
+        )
+        delivered = outcome.kind in ("completed", "deferred")  # any 2xx
+        if span is not None:
+            span.set_attribute(tracing.OUTCOME, "delivered" if delivered else "failed")
+        if not delivered:
             self._deliveries[identity.bot]["failed"].inc()
             pause = min(self._retry * 2 ** min(exhaustion.deliveries, 20), MAX_RETRY_SECONDS)
             await self._store.delivery_failed(exhaustion, self._clock.now() + int(pause * 1000))
@@ -115,7 +152,11 @@ class ExhaustionDelivery:
             )
             return False
         self._deliveries[identity.bot]["delivered"].inc()
-        return await self._store.acknowledge_exhaustion(identity, self._clock.now())
+        return await tracing.recorded(
+            self._tracer,
+            "acknowledge exhaustion",
+            lambda: self._store.acknowledge_exhaustion(identity, self._clock.now()),
+        )
 
 
 async def repeat_forever(

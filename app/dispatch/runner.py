@@ -12,9 +12,11 @@ attempt cancelled because the dispatcher is stopping is handed back: a fenced se
 makes it due at once, so another process retakes it, and spends none of its budget.
 
 With tracing on (`app.tracing`), each attempt is a CONSUMER span, "process {bot}", in the
-update's trace (the child of the intake's span, by the `traceparent` kept with the row); the
-forward within it a CLIENT span whose `traceparent` the request carries, and each settle or
-exhaustion an INTERNAL span. The attempt's span ends with its outcome.
+update's trace (the child of the intake's span, by the `traceparent` kept with the row),
+beginning when its claim did. Within it: the claim (an INTERNAL span with the claim
+statement's own times, written once the attempt exists), the forward (a CLIENT span whose
+`traceparent` the request carries), and each settle or exhaustion (INTERNAL). The attempt's
+span ends with its outcome.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 from app import tracing
 from app.dispatch.attempt import Attempt
 from app.dispatch.clock import Alarm, DatabaseClock
+from app.dispatch.forward import in_client_span
 from app.dispatch.maintenance import ExhaustionDelivery
 from app.dispatch.settler import Settler
 from app.logs import AttemptLog
@@ -111,10 +114,12 @@ class AttemptRunner:
         from opentelemetry.trace import SpanKind, StatusCode
 
         identity = attempt.identity
+        claim = attempt.claim
         span = tracer.start_span(
             f"process {identity.bot}",
             context=tracing.context_of(attempt.claimed.trace_context),
             kind=SpanKind.CONSUMER,
+            start_time=None if claim is None else claim.started_ns,
             attributes={
                 "messaging.system": "telegram_intake",
                 "messaging.operation.type": "process",
@@ -127,6 +132,14 @@ class AttemptRunner:
             },
         )
         token = tracing.make_current(span)
+        if claim is not None:
+            # The claim ran before the attempt existed, for its whole batch: its span is
+            # written afterwards, with the statement's own times.
+            tracer.start_span(
+                "claim",
+                start_time=claim.started_ns,
+                attributes={"messaging.batch.message_count": claim.batch},
+            ).end(end_time=claim.ended_ns)
         try:
             await self._run(attempt, forwarded)
         finally:
@@ -141,31 +154,17 @@ class AttemptRunner:
         """The attempt's request, in a CLIENT span when tracing is on."""
         downstream = attempt.lane.downstream
         claimed = attempt.claimed
-        tracer = self._tracer
-        if tracer is None:
-            return await downstream.forward(
-                attempt.identity, claimed.body, attempt.lease_until, received_at=claimed.received_at
-            )
-        from opentelemetry.trace import SpanKind, StatusCode
-
-        with tracer.start_as_current_span(
-            "POST",
-            kind=SpanKind.CLIENT,
-            attributes={"http.request.method": "POST", **downstream.traced_address},
-        ) as span:
-            outcome = await downstream.forward(
+        return await in_client_span(
+            self._tracer,
+            downstream.traced_address,
+            lambda traceparent: downstream.forward(
                 attempt.identity,
                 claimed.body,
                 attempt.lease_until,
                 received_at=claimed.received_at,
-                traceparent=tracing.traceparent(span),
-            )
-            if outcome.status is not None:
-                span.set_attribute("http.response.status_code", outcome.status)
-            if outcome.downstream_failed:
-                span.set_attribute("error.type", str(outcome.status or outcome.kind))
-                span.set_status(StatusCode.ERROR)
-            return outcome
+                traceparent=traceparent,
+            ),
+        )
 
     async def _run(self, attempt: Attempt, forwarded: Callable[[Attempt], None]) -> None:
         lane = attempt.lane
@@ -273,7 +272,8 @@ class AttemptRunner:
 
     async def _exhaust(self, attempt: Attempt, now: int, error: str, status: int | None) -> bool:
         """The exhaustion's fenced write."""
-        return await self._recorded(
+        return await tracing.recorded(
+            self._tracer,
             "exhaust",
             lambda: self._retrying(
                 attempt, lambda: self._store.exhaust(attempt.identity, now, error, status=status)
@@ -283,17 +283,9 @@ class AttemptRunner:
     async def _settle(self, attempt: Attempt, settlement: Settlement) -> bool:
         """A fenced settle; False (and the owner-lost signal) when it was refused."""
         name = _SETTLE_SPANS[type(settlement)]
-        return await self._recorded(name, lambda: self._settle_now(attempt, settlement))
-
-    async def _recorded(self, name: str, write: Callable[[], Awaitable[bool]]) -> bool:
-        """`write()`, a fenced write; with tracing on, in an INTERNAL span `name` that says
-        whether it took effect."""
-        if self._tracer is None:
-            return await write()
-        with self._tracer.start_as_current_span(name) as span:
-            took = await write()
-            span.set_attribute("intake.took_effect", took)
-            return took
+        return await tracing.recorded(
+            self._tracer, name, lambda: self._settle_now(attempt, settlement)
+        )
 
     async def _settle_now(self, attempt: Attempt, settlement: Settlement) -> bool:
         identity = attempt.identity

@@ -22,6 +22,7 @@ from app.store import outbox as outbox_statements
 from app.store.backend import Backend, History
 from app.store.errors import UPGRADE_HINT, SchemaError, translated_errors
 from app.store.schema import (
+    BESIDE_WIDENED,
     DEFAULT_TABLE,
     HEAD,
     Revision,
@@ -39,7 +40,6 @@ from app.store.types import (
     Capability,
     ClaimIdentity,
     Completed,
-    EventType,
     Failed,
     HandedBack,
     Settlement,
@@ -67,7 +67,13 @@ def _inspect(connection: Connection, table: str) -> Revision:
     if missing:
         raise SchemaError(f"table {table!r} lacks {sorted(missing)}; {UPGRADE_HINT}")
     # The tables of the connection's default schema: where an unqualified name resolves.
-    return revision_of(columns, set(inspector.get_table_names()), table)
+    tables = set(inspector.get_table_names())
+    beside = {
+        suffix: {column["name"] for column in inspector.get_columns(table + suffix)}
+        for suffix in BESIDE_WIDENED
+        if table + suffix in tables
+    }
+    return revision_of(columns, tables, table, beside)
 
 
 async def read_revision(engine: AsyncEngine, table: str) -> Revision:
@@ -188,9 +194,9 @@ class SqlCore:
         return self.events_table if self.records_events else None
 
     async def _emit(
-        self, connection: AsyncConnection, made: Sequence[tuple[EventType, int, dict[str, Any]]]
+        self, connection: AsyncConnection, made: Sequence[outbox_statements.Made]
     ) -> None:
-        """Write operational events (type, epoch ms, data) in the caller's transaction, so
+        """Write operational events in the caller's transaction, so
         they are sent if and only if what they tell of commits; nothing when events are off."""
         outbox = self._outbox()
         if outbox is not None and made:
@@ -282,7 +288,7 @@ class SqlCore:
         statement: Update,
         identity: ClaimIdentity,
         *,
-        event: Callable[[Row[Any]], tuple[EventType, int, dict[str, Any]]] | None = None,
+        event: Callable[[Row[Any]], outbox_statements.Made] | None = None,
         **end: Any,
     ) -> bool:
         """Run a transition that ends the attempt of `identity` and, when it matched, end that

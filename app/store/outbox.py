@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Insert, Table, Text, cast, func, insert, literal, select
 from sqlalchemy.sql.expression import CTE
@@ -24,11 +24,28 @@ def envelope(kind: str, at: int, data: str) -> str:
     return f'{head[:-1]}, "data": {data}}}'
 
 
-def record(events: Table, made: Sequence[tuple[EventType, int, dict[str, Any]]]) -> Insert:
-    """New events, each due for delivery at once: (type, epoch ms, data)."""
+class Made(NamedTuple):
+    """An event a transaction makes: its type, when (epoch ms), its own fields, and the trace
+    of the update it tells of (revision 0008; exhaustion.created), when that update has one."""
+
+    type: EventType
+    at: int
+    data: dict[str, Any]
+    trace_context: str | None = None
+
+
+def record(events: Table, made: Sequence[Made]) -> Insert:
+    """New events, each due for delivery at once."""
+    traced = "trace_context" in events.c  # revision 0008
     rows = [
-        {"type": kind, "data": json.dumps(data), "created_at": at, "due_at": at}
-        for kind, at, data in made
+        {
+            "type": event.type,
+            "data": json.dumps(event.data),
+            "created_at": event.at,
+            "due_at": event.at,
+            **({"trace_context": event.trace_context} if traced else {}),
+        }
+        for event in made
     ]
     return insert(events).values(rows)
 
@@ -41,20 +58,22 @@ EXHAUSTION_FIELDS = (
 )  # fmt: skip
 
 
-def exhaustion(row: Any, *, error: str, at: int, reason: str) -> dict[str, Any]:
-    """exhaustion.created's data for a row the transition returned (bot, update_id, attempts,
-    claim_id, update_type, queue_key)."""
+def exhaustion(row: Any, *, error: str, at: int, reason: str, **more: Any) -> Made:
+    """exhaustion.created for a row the transition returned (bot, update_id, attempts,
+    claim_id, update_type, queue_key, and its trace_context from revision 0007), with `more`
+    fields beside the common ones."""
     values = (
         row.bot, row.update_id, row.attempts, row.claim_id, row.update_type, row.queue_key,
         error, at, reason,
     )  # fmt: skip
-    return dict(zip(EXHAUSTION_FIELDS, values, strict=True))
+    data = dict(zip(EXHAUSTION_FIELDS, values, strict=True)) | more
+    return Made("exhaustion.created", at, data, getattr(row, "trace_context", None))
 
 
-def spent_rows(rows: Sequence[Any], *, now: int) -> list[tuple[EventType, int, dict[str, Any]]]:
+def spent_rows(rows: Sequence[Any], *, now: int) -> list[Made]:
     """exhaustion.created for every row a claim ended because its attempts were spent."""
     return [
-        ("exhaustion.created", now, exhaustion(row, error=SPENT_ERROR, at=now, reason="spent"))
+        exhaustion(row, error=SPENT_ERROR, at=now, reason="spent")
         for row in rows
         if row.state == "abandoned"
     ]
@@ -71,5 +90,10 @@ def spent_in_claim(events: Table, claimed: CTE, *, now: Any) -> Insert:
     pairs = [part for name, value in zip(EXHAUSTION_FIELDS, values, strict=True)
              for part in (literal(name), value)]  # fmt: skip
     data = cast(func.json_build_object(*pairs), Text)
-    source = select(literal("exhaustion.created"), data, now, now).where(c.state == "abandoned")
-    return insert(events).from_select(["type", "data", "created_at", "due_at"], source)
+    columns = [literal("exhaustion.created"), data, now, now]
+    names = ["type", "data", "created_at", "due_at"]
+    if "trace_context" in events.c and "trace_context" in c:  # revisions 0008 and 0007
+        columns.append(c.trace_context)
+        names.append("trace_context")
+    source = select(*columns).where(c.state == "abandoned")
+    return insert(events).from_select(names, source)

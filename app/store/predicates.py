@@ -242,6 +242,7 @@ def unacknowledged(t: Table) -> ColumnElement[bool]:
 
 def transition_returning(t: Table) -> tuple[ColumnElement[Any], ...]:
     """What a transition that may make an exhaustion returns: its identity and what
-    exhaustion.created tells of it (`app.store.events.statements.exhaustion`)."""
+    exhaustion.created tells of it (`app.store.outbox.exhaustion`)."""
     c = t.c
-    return (c.bot, c.update_id, c.attempts, c.claim_id, c.update_type, c.queue_key)
+    traced = [c.trace_context] if "trace_context" in c else []  # revision 0007
+    return (c.bot, c.update_id, c.attempts, c.claim_id, c.update_type, c.queue_key, *traced)

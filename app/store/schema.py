@@ -13,8 +13,9 @@ that operators' searches walk; revision 0005 (who may see what) adds `_audit_bot
 audit entry concerns, which a key limited to some bots is shown by) and `_sessions` (the
 console's sessions, which end at sign-out, after an idle time, or with their key); revision 0006
 (Telegram's queues) adds `queue_rule`; revision 0007 (tracing, docs/contract.md section 15)
-adds `trace_context`, the W3C `traceparent` of the span that recorded the update.
-`make_metadata(table, revision=...)` draws any of them.
+adds `trace_context`, the W3C `traceparent` of the span that recorded the update; revision 0008
+adds the same column to `_events`, so that an event about an update (exhaustion.created) joins
+its trace when it is delivered. `make_metadata(table, revision=...)` draws any of them.
 
 Invariants every statement of the store keeps (its queries lean on them for index use; a
 process writing the table by other means must keep them too):
@@ -28,6 +29,7 @@ process writing the table by other means must keep them too):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sqlalchemy import (
@@ -48,10 +50,10 @@ from app.store import validate
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
-Revision = Literal["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
-HEAD: Revision = "0007"
+Revision = Literal["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]
+HEAD: Revision = "0008"
 # What each revision adds, in order: `revision_of` reads a live schema by it (the columns of
-# the updates table, and the tables beside it by their suffix).
+# the updates table, the tables beside it by their suffix, and their columns).
 ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0002": ("claim_id", "exhausted_at", "acknowledged_at"),
     "0003": ("uncounted", "delivery_due_at", "deliveries"),
@@ -59,11 +61,17 @@ ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0005": (),
     "0006": ("queue_rule",),
     "0007": ("trace_context",),
+    "0008": (),
 }
 ADDED_TABLES: dict[Revision, tuple[str, ...]] = {
     "0004": ("_attempts", "_bots", "_audit", "_events"),
     "0005": ("_audit_bots", "_sessions"),
 }
+ADDED_COLUMNS_BESIDE: dict[Revision, dict[str, tuple[str, ...]]] = {
+    "0008": {"_events": ("trace_context",)},
+}
+# The tables beside it whose columns a later revision widened: what `revision_of` reads.
+BESIDE_WIDENED = sorted({suffix for added in ADDED_COLUMNS_BESIDE.values() for suffix in added})
 # queue_rule of a row whose queue_key this code computed: Telegram's queues as `app.queues`
 # reads them (Bot API 10.0). A later table that moves a queue takes the next number.
 QUEUE_RULE = 1
@@ -206,13 +214,13 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
             updates.c.received_at,
             updates.c.update_id,
         )
-        _add_operator_tables(metadata, table)
+        _add_operator_tables(metadata, table, revision)
     if revision >= "0005":
         _add_access_tables(metadata, table)
     return metadata
 
 
-def _add_operator_tables(metadata: MetaData, table: str) -> None:
+def _add_operator_tables(metadata: MetaData, table: str, revision: Revision) -> None:
     attempts = attempts_table_name(table)
     Table(
         attempts,
@@ -292,6 +300,9 @@ def _add_operator_tables(metadata: MetaData, table: str) -> None:
         Column("due_at", BigInteger, nullable=True),
         Column("deliveries", Integer, nullable=False, server_default=text("0")),
         Column("delivered_at", BigInteger, nullable=True),
+        # Revision 0008: the trace of the update the event tells of (its row's trace_context,
+        # copied in the transaction that makes the event); NULL for any other event.
+        *([Column("trace_context", Text, nullable=True)] if revision >= "0008" else []),
     )
     Index(
         f"ix_{events}_due",
@@ -332,15 +343,24 @@ def _add_access_tables(metadata: MetaData, table: str) -> None:
     Index(f"ix_{sessions}_seen", sessions_table.c.seen_at)
 
 
-def revision_of(columns: set[str], tables: set[str] | None = None, table: str = "") -> Revision:
-    """The revision whose columns the live table has, and whose tables stand beside it (the
-    highest complete one). `tables`: the names in its schema; None reads columns only."""
+def revision_of(
+    columns: set[str],
+    tables: set[str] | None = None,
+    table: str = "",
+    beside: Mapping[str, set[str]] | None = None,
+) -> Revision:
+    """The revision whose columns the live table has, and whose tables stand beside it with
+    their columns (the highest complete one). `tables`: the names in its schema; None reads
+    columns only. `beside`: the columns of the tables beside it, by their suffix."""
     present: Revision = "0001"
     for revision, added in ADDED_COLUMNS.items():
         if not set(added) <= columns:
             break
-        beside = {table + suffix for suffix in ADDED_TABLES.get(revision, ())}
-        if beside and (tables is None or not beside <= tables):
+        names = {table + suffix for suffix in ADDED_TABLES.get(revision, ())}
+        if names and (tables is None or not names <= tables):
+            break
+        widened = ADDED_COLUMNS_BESIDE.get(revision, {}).items()
+        if any(not set(more) <= (beside or {}).get(suffix, set()) for suffix, more in widened):
             break
         present = revision
     return present

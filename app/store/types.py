@@ -129,6 +129,8 @@ class Exhaustion:
     error: str | None
     exhausted_at: int
     deliveries: int = 0  # deliveries to exhaustion_url that failed so far
+    # The update's trace (revision 0007): its delivery joins it. None when it has none.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +358,9 @@ class OperationalEvent:
     created_at: int
     deliveries: int
     lease_until: int
+    # The trace of the update it tells of (revision 0008; exhaustion.created): its delivery
+    # joins it. None for an event about no one update.
+    trace_context: str | None = None
 
     @property
     def message_id(self) -> str:

@@ -627,7 +627,7 @@ async def test_an_attempt_cancelled_before_it_starts_gives_its_capacity_back(
         lane = worker._lanes[0]
         identity = ClaimIdentity("shop", 1, 1, "never-claimed")
         claimed = Claimed(identity, message(1), "message", "42", now_ms(), counted=1)
-        attempt = worker._claims.start(lane, claimed, now_ms() + 5_000, now_ms())
+        attempt = worker._claims.start(lane, claimed, now_ms() + 5_000, now_ms(), probe=False)
         assert worker.in_flight == 1
         assert attempt.task is not None
         attempt.task.cancel()  # before its first step: its coroutine never runs

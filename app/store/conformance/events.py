@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.store.conformance._core import BOT, MAX, OTHER_BOT, _Findings, _record, _rule
+from app.store.conformance._core import BOT, MAX, OTHER_BOT, _body, _Findings, _record, _rule
 from app.store.conformance.control import OPERATOR, _exhausted
 from app.store.contract import OperatorStore
-from app.store.types import ExhaustionFilter, OperationalEvent, WebhookInfo
+from app.store.types import ExhaustionFilter, NewUpdate, OperationalEvent, WebhookInfo
 
 FAR = 10**12  # a time after every event of a rule, and a lease that outlives the rule
 
@@ -32,6 +32,56 @@ def _events(taken: list[OperationalEvent]) -> list[tuple[str, dict[str, Any]]]:
         body = json.loads(event.payload)
         found.append((body["type"], body["data"]))
     return found
+
+
+def _trace(n: int) -> str:
+    """A W3C traceparent of its own for update n."""
+    return f"00-{n:032x}-{n:016x}-01"
+
+
+@_rule("an exhaustion and its event carry the trace its update was recorded under", "durable")
+async def _exhaustions_keep_their_trace(store: OperatorStore, f: _Findings) -> None:
+    # By exhaust, by park, and by a claim that finds the attempts spent; update 4 has no trace.
+    await store.add_many(
+        [NewUpdate(BOT, n, _body(n), 0, trace_context=_trace(n)) for n in (1, 2, 3)]
+        + [NewUpdate(BOT, 4, _body(4), 0)]
+    )
+    for n in (1, 2, 4):
+        identity = await store.claim_owned(BOT, n, now=10, lease_until=100, max_attempts=MAX)
+        if identity is None:
+            f.expect(False, f"claim_owned of update {n} took nothing")
+            return
+        if n == 2:
+            await store.park(identity, at=20, by=OPERATOR, reason="poison")
+        else:
+            await store.exhaust(identity, 20, "HTTP 400")
+    for now in (10, 200, 400):  # two attempts' leases lapse; the third claim finds them spent
+        await store.claim_next_owned(
+            now=now,
+            lease_until=now + 100,
+            max_attempts=MAX,
+            limit=10,
+            bots=[BOT],
+            durable_exhaustion=True,
+        )
+    await store.pause(BOT, at=500, by=OPERATOR)  # an event about no one update
+    taken = await _taken(store, f)
+    if taken is None:
+        return
+    traces = {}
+    for event, (kind, data) in zip(taken, _events(taken), strict=True):
+        traces[data.get("update_id", kind)] = event.trace_context
+    f.equal(
+        traces,
+        {1: _trace(1), 2: _trace(2), 3: _trace(3), 4: None, "bot.paused": None},
+        "the trace of each event: its update's, and none for the others",
+    )
+    open_ = await store.take_exhaustions(now=FAR, lease_until=FAR + 1, limit=10, bots=[BOT])
+    f.equal(
+        {e.identity.update_id: e.trace_context for e in open_},
+        {1: _trace(1), 2: _trace(2), 3: _trace(3), 4: None},
+        "the trace of each exhaustion taken for delivery",
+    )
 
 
 @_rule("each action writes its operational event, and only a change writes one", "durable")

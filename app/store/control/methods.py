@@ -46,7 +46,7 @@ class ControlMethods(SqlCore):
                     connection, at=at, by=by, action="pause", target=bot, bots=[bot], detail=detail
                 )
                 data = {"bot": bot, "by": by, "reason": reason, "paused_at": at}
-                await self._emit(connection, [("bot.paused", at, data)])
+                await self._emit(connection, [outbox.Made("bot.paused", at, data)])
         return paused
 
     async def resume(self, bot: str, *, at: int, by: str) -> bool:
@@ -61,7 +61,7 @@ class ControlMethods(SqlCore):
                     connection, at=at, by=by, action="resume", target=bot, bots=[bot]
                 )
                 data = {"bot": bot, "by": by, "resumed_at": at}
-                await self._emit(connection, [("bot.resumed", at, data)])
+                await self._emit(connection, [outbox.Made("bot.resumed", at, data)])
         if resumed is not None:
             await self.announce()
         return resumed is not None
@@ -142,7 +142,7 @@ class ControlMethods(SqlCore):
             await connection.execute(statement)
             kind = control.breaker_event(before, state)
             if kind is not None:
-                await self._emit(connection, [(kind, at, {"bot": bot, "at": at})])
+                await self._emit(connection, [outbox.Made(kind, at, {"bot": bot, "at": at})])
 
     async def park(self, identity: ClaimIdentity, *, at: int, by: str, reason: str) -> bool:
         """End the attempt of exactly `identity` (leased, live or lapsed, or waiting for its
@@ -160,8 +160,10 @@ class ControlMethods(SqlCore):
         async with self.transaction() as connection:
             parked = await self._backend.transition(connection, statement, follow)
             if parked is not None:
-                data = outbox.exhaustion(parked, error=f"parked: {text}", at=at, reason="parked")
-                await self._emit(connection, [("exhaustion.created", at, data | {"by": by})])
+                made = outbox.exhaustion(
+                    parked, error=f"parked: {text}", at=at, reason="parked", by=by
+                )
+                await self._emit(connection, [made])
                 await self._record(
                     connection,
                     at=at,

@@ -49,6 +49,7 @@ class EventMethods(SqlCore):
                 created_at=row.created_at,
                 deliveries=row.deliveries,
                 lease_until=row.due_at,
+                trace_context=getattr(row, "trace_context", None),  # None below 0008
             )
             for row in rows
         ]
@@ -108,7 +109,7 @@ class EventMethods(SqlCore):
                     "age_ms": now - oldest,
                     "stale_after_ms": stale_after_ms,
                 }
-                await self._emit(connection, [("backlog.stale", now, data)])
+                await self._emit(connection, [outbox_statements.Made("backlog.stale", now, data)])
             await connection.execute(events.fresh_again(table, stale=sorted(stale), watched=names))
         return began
 
@@ -142,5 +143,6 @@ class EventMethods(SqlCore):
                     "last_error_message": info.last_error_message,
                     "pending_update_count": info.pending_update_count,
                 }
-                await self._emit(connection, [("telegram.webhook_error", at, data)])
+                made = outbox_statements.Made("telegram.webhook_error", at, data)
+                await self._emit(connection, [made])
         return new

@@ -46,7 +46,15 @@ def take(events: Table, *, now: int, lease_until: int, limit: int) -> Update:
         update(events)
         .where(e.id.in_(due))
         .values(due_at=lease_until)
-        .returning(e.id, e.type, e.data, e.created_at, e.deliveries, e.due_at)
+        .returning(
+            e.id,
+            e.type,
+            e.data,
+            e.created_at,
+            e.deliveries,
+            e.due_at,
+            *([e.trace_context] if "trace_context" in e else []),  # revision 0008
+        )
     )
 
 

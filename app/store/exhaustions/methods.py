@@ -22,7 +22,6 @@ from app.store.exhaustions import statements as exhaustions
 from app.store.types import (
     BulkOutcome,
     ClaimIdentity,
-    EventType,
     Exhaustion,
     ExhaustionFilter,
 )
@@ -54,9 +53,8 @@ class ExhaustionMethods(SqlCore):
         error, status = validate.text("error", error), validate.status("status", status)
         statement = exhaustions.exhaust(self.table, identity=identity, at=at, error=error)
 
-        def created(row: Row[Any]) -> tuple[EventType, int, dict[str, Any]]:
-            data = outbox.exhaustion(row, error=error, at=at, reason="failed")
-            return "exhaustion.created", at, data | {"status_code": status}
+        def created(row: Row[Any]) -> outbox.Made:
+            return outbox.exhaustion(row, error=error, at=at, reason="failed", status_code=status)
 
         return await self._ended(
             statement,
@@ -278,7 +276,7 @@ class ExhaustionMethods(SqlCore):
                     data["filter"] = selected["filter"]
                 else:  # the identities are in the audit log; the event tells how many
                     data["identities"] = len(selected["identities"])
-                await self._emit(connection, [("redrive.finished", at, data)])
+                await self._emit(connection, [outbox.Made("redrive.finished", at, data)])
         return BulkOutcome(done, done, sample)
 
 
@@ -289,6 +287,7 @@ def exhaustion_of(row: Any) -> Exhaustion:
         error=row.error,
         exhausted_at=row.exhausted_at,
         deliveries=row.deliveries,
+        trace_context=getattr(row, "trace_context", None),  # None below 0007
     )
 
 

@@ -96,6 +96,7 @@ def _exhaustion_columns(t: Table) -> tuple[ColumnElement[Any], ...]:
         t.c.error,
         t.c.exhausted_at,
         t.c.deliveries,
+        *([t.c.trace_context] if "trace_context" in t.c else []),  # revision 0007
     )
 
 
