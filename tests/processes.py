@@ -147,6 +147,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def until_listening(port: int, process: Process) -> None:
+    """Until `process` accepts connections on `port` (fails fast if it died)."""
+    deadline = time.monotonic() + STARTUP
+    while True:
+        assert process.poll() is None, process.report()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"not listening within {STARTUP} s"
+            time.sleep(0.05)
+
+
 async def until_serving(client: httpx.AsyncClient, port: int, serve: Process) -> None:
     """Until `serve` answers /healthz on `port` (fails fast if it died)."""
     deadline = time.monotonic() + STARTUP

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -35,9 +33,17 @@ import pytest
 
 from app.fake_bot_api import FakeBotApi
 from tests.conftest import Storage, serving_asgi
+from tests.kit.bots import bot_program
 from tests.kit.conftest import message_update
-from tests.kit.node import node_bot
-from tests.processes import ROOT, SECRET, STARTUP, Process, environment, free_port, processes
+from tests.processes import (
+    ROOT,
+    SECRET,
+    Process,
+    environment,
+    free_port,
+    processes,
+    until_listening,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -108,24 +114,6 @@ class Stack:
 
     def report(self) -> str:
         return self.run.report() + self.bot.report()
-
-
-def bot_program(name: str) -> list[str]:
-    if name in ("grammy", "telegraf"):
-        return node_bot(name)
-    return [sys.executable, "-m", f"tests.kit.bots.{name}_bot"]
-
-
-def until_listening(port: int, process: Process) -> None:
-    deadline = time.monotonic() + STARTUP
-    while True:
-        assert process.poll() is None, process.report()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"not listening within {STARTUP} s"
-            time.sleep(0.05)
 
 
 @contextmanager

@@ -10,7 +10,8 @@ A message's text says what its handler does: `fail-once` raises on the update's 
 attempt (on every one, given no attempt); `terminal` raises `Terminal`; `sleep:<ms>` sleeps
 that long first. Then the handler sends one message to the chat, a JSON object: the
 update_id, the text, and the attempt it was given (with `owns()` asked of the service when
-the callback API is configured).
+the callback API is configured). With OTEL_EXPORTER_OTLP_ENDPOINT (the Python bots only), the
+handler traces its work as a span "handle message", exported by the bot's own SDK.
 """
 
 from __future__ import annotations
@@ -39,7 +40,39 @@ def options() -> dict[str, Any]:
     }
 
 
+def _tracer() -> Any:
+    """With OTEL_EXPORTER_OTLP_ENDPOINT set, the bot traces as any service would: OpenTelemetry's
+    SDK with a provider of its own, exporting over OTLP (OTEL_SERVICE_NAME names it). None
+    otherwise. The adapters know nothing of it: they continue the forward's trace through
+    OpenTelemetry's API alone."""
+    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return None
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    return provider.get_tracer("test bot")
+
+
+TRACER = _tracer()
+
+
 async def behave(
+    update_id: int, text: str, attempt: IntakeAttempt | None, send: Callable[[str], Awaitable[Any]]
+) -> None:
+    """What the handler does (the module's rule); in a span of its own when the bot traces."""
+    if TRACER is None:
+        await _behave(update_id, text, attempt, send)
+        return
+    with TRACER.start_as_current_span("handle message", attributes={"bot.update_id": update_id}):
+        await _behave(update_id, text, attempt, send)
+
+
+async def _behave(
     update_id: int, text: str, attempt: IntakeAttempt | None, send: Callable[[str], Awaitable[Any]]
 ) -> None:
     if text == "fail-once" and (attempt is None or attempt.identity.attempt == 1):
