@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import httpx
 from starlette.types import ASGIApp
 
-from app import __version__, api, console
+from app import __version__, api, console, tracing
 from app.api import Services, health
 from app.api.leases import LeaseChecks, LeaseRenewals
 from app.config import Settings
@@ -45,6 +45,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Service) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            if tracing.tracer() is not None:  # last out: the spans of everything stopping
+                stack.push_async_callback(asyncio.to_thread, tracing.flush_tracing)
             store = await open_store_waiting(
                 settings.database_url,
                 wait=settings.database_wait_seconds,

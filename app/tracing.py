@@ -38,6 +38,7 @@ __all__ = [
     "UPDATE_ID",
     "TracingMisconfigured",
     "context_of",
+    "flush_tracing",
     "make_current",
     "recorded",
     "release",
@@ -61,6 +62,7 @@ _ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT
 _PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 
 _tracer: Tracer | None = None
+_provider: TracerProvider | None = None
 
 
 class TracingMisconfigured(ValueError):
@@ -93,17 +95,17 @@ def start_tracing(
     processor of the caller's, for tests; the environment is then not consulted), and return
     its tracer; None when off. `role` (serve, worker, run, ...) becomes the resource's
     `service.instance.role`. Called once, at the start of a command."""
-    global _tracer
+    global _tracer, _provider
     if processor is None:
         if not tracing_wanted(environ):
-            _tracer = None
+            _tracer = _provider = None
             return None
         problem = _unsupported(environ)
         if problem:
             raise TracingMisconfigured(problem)
     from opentelemetry import trace
 
-    provider = _provider(role, environ)
+    provider = _make_provider(role, environ)
     if processor is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -112,6 +114,7 @@ def start_tracing(
         trace.set_tracer_provider(provider)  # so that a library's spans join ours
     else:
         provider.add_span_processor(processor)
+    _provider = provider
     _tracer = provider.get_tracer(SERVICE_NAME)
     return _tracer
 
@@ -159,13 +162,21 @@ async def recorded(tracer: Tracer | None, name: str, write: Callable[[], Awaitab
         return took
 
 
+def flush_tracing(timeout_seconds: float = 10.0) -> None:
+    """Export every span ended so far, waiting up to `timeout_seconds` (blocking): at a
+    graceful stop, whose end may not run the SDK's own exit hook (uvicorn ends a process it
+    stopped on SIGTERM by raising the signal again). Nothing when tracing is off."""
+    if _provider is not None:
+        _provider.force_flush(int(timeout_seconds * 1000))
+
+
 def stop_tracing() -> None:
     """Turn tracing off again (tests); spans already ended stay with their processor."""
-    global _tracer
-    _tracer = None
+    global _tracer, _provider
+    _tracer = _provider = None
 
 
-def _provider(role: str, environ: Mapping[str, str]) -> TracerProvider:
+def _make_provider(role: str, environ: Mapping[str, str]) -> TracerProvider:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 

@@ -7,6 +7,7 @@ into the same receiver, its handler's span in the update's trace."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,40 @@ async def test_one_trace_from_serve_through_a_worker_s_two_attempts_to_the_bot(
         assert traceparent.split("-")[1:3] == [intake.trace_id.hex(), forward.span_id.hex()]
     for secret in ("pay 42", SECRET):  # never a body, a token or a secret
         assert not [value for value in receiver.values if secret in value]
+
+
+async def test_spans_waiting_for_their_batch_are_exported_at_a_graceful_stop(
+    storage: Storage, downstream: FakeDownstream, tmp_path: Path
+) -> None:
+    # With batches due only every ten minutes, nothing is exported while the processes run:
+    # every span arrives because SIGTERM's graceful stop exports what waits (uvicorn ends
+    # `serve` by raising the signal again, past the SDK's own exit hook).
+    receiver = Receiver()
+    port = free_port()
+    async with serve_asgi(receiver.app()) as collector:
+        env = environment(storage.url(), f"{downstream.url}/hook") | {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector,
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",
+        }
+        with processes(tmp_path) as start:
+            serve = start("serve", env, "serve", "--port", str(port))
+            worker = start("worker", env, "worker")
+            async with httpx.AsyncClient() as client:
+                await until_serving(client, port, serve)
+                await post_update(client, port, message(3))
+            await eventually(lambda: downstream.received, within=STARTUP)
+            assert receiver.spans == []  # all of them still waiting for their batch
+            for process in (serve, worker):
+                process.signal(signal.SIGTERM)
+            await eventually(lambda: serve.poll() is not None and worker.poll() is not None)
+    names = sorted((role, span.name) for role, span in receiver.spans)
+    assert names == [
+        ("serve", "POST /telegram/{bot}"),
+        ("worker", "POST"),
+        ("worker", "claim"),
+        ("worker", "process default"),
+        ("worker", "settle completed"),
+    ]
 
 
 @pytest.mark.parametrize("framework", ["aiogram", "ptb"])
