@@ -252,13 +252,8 @@ async def test_each_attempt_joins_its_update_s_trace_and_hands_it_downstream(
     # (a worker's): the first attempt answered 500, the second 200.
     downstream.answer = by_attempt(status(500), ok)
     settings = settings_for(storage.url(), bot(downstream))
-    headers = {"X-Telegram-Bot-Api-Secret-Token": DOWNSTREAM_MODULE_SECRET}
     async with serve_asgi(create_app(settings)) as base, dispatching(settings):
-        async with httpx.AsyncClient(base_url=base) as client:
-            posted = await client.post(
-                "/telegram/shop", content=message(5, text="pay 42"), headers=headers
-            )
-            assert posted.status_code == 200
+        await _post(base, message(5, text="pay 42"))
         await eventually(lambda: len(_of_kind(exported, SpanKind.CONSUMER)) == 2)
     [intake] = await _intake_spans(exported, 1)
     assert intake.context is not None
@@ -341,13 +336,8 @@ async def test_an_exhaustion_s_deliveries_join_its_update_s_trace(
         operations_url=f"{downstream.url}/operations",
         operations_signing_secret=SIGNING_SECRET,
     )
-    headers = {"X-Telegram-Bot-Api-Secret-Token": DOWNSTREAM_MODULE_SECRET}
     async with serve_asgi(create_app(settings)) as base, dispatching(settings):
-        async with httpx.AsyncClient(base_url=base) as client:
-            posted = await client.post(
-                "/telegram/shop", content=message(7, text="pay 42"), headers=headers
-            )
-            assert posted.status_code == 200
+        await _post(base, message(7, text="pay 42"))
 
         def delivered() -> bool:
             names = {s.name for s in exported.get_finished_spans()}
@@ -383,6 +373,14 @@ async def test_an_exhaustion_s_deliveries_join_its_update_s_trace(
     for each in spans:  # never a body, a token or a secret
         for secret in ("pay 42", DOWNSTREAM_MODULE_SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET):
             assert secret not in _values(each)
+
+
+async def _post(base: str, update: str) -> None:
+    """POST `update` to bot shop's webhook at `base`, as Telegram does: it must answer 200."""
+    headers = {"X-Telegram-Bot-Api-Secret-Token": DOWNSTREAM_MODULE_SECRET}
+    async with httpx.AsyncClient(base_url=base) as client:
+        posted = await client.post("/telegram/shop", content=update, headers=headers)
+        assert posted.status_code == 200
 
 
 def _children(spans: Sequence[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:

@@ -34,6 +34,20 @@ def _events(taken: list[OperationalEvent]) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
+async def _spend(store: OperatorStore, bot: str, times: tuple[int, int, int]) -> None:
+    """Claims of `bot` at each of `times`, each lease 100 ms: with MAX attempts of 2, the
+    first two attempts' leases lapse and the third claim finds them spent (an exhaustion)."""
+    for now in times:
+        await store.claim_next_owned(
+            now=now,
+            lease_until=now + 100,
+            max_attempts=MAX,
+            limit=10,
+            bots=[bot],
+            durable_exhaustion=True,
+        )
+
+
 def _trace(n: int) -> str:
     """A W3C traceparent of its own for update n."""
     return f"00-{n:032x}-{n:016x}-01"
@@ -55,15 +69,7 @@ async def _exhaustions_keep_their_trace(store: OperatorStore, f: _Findings) -> N
             await store.park(identity, at=20, by=OPERATOR, reason="poison")
         else:
             await store.exhaust(identity, 20, "HTTP 400")
-    for now in (10, 200, 400):  # two attempts' leases lapse; the third claim finds them spent
-        await store.claim_next_owned(
-            now=now,
-            lease_until=now + 100,
-            max_attempts=MAX,
-            limit=10,
-            bots=[BOT],
-            durable_exhaustion=True,
-        )
+    await _spend(store, BOT, (10, 200, 400))
     await store.pause(BOT, at=500, by=OPERATOR)  # an event about no one update
     taken = await _taken(store, f)
     if taken is None:
@@ -102,15 +108,7 @@ async def _actions_write_events(store: OperatorStore, f: _Findings) -> None:
         return
     await store.park(live, at=50, by=OPERATOR, reason="poison")
     await _record(store, 3, bot=OTHER_BOT)
-    for now in (60, 200, 400):  # two attempts' leases lapse; the third claim finds them spent
-        await store.claim_next_owned(
-            now=now,
-            lease_until=now + 100,
-            max_attempts=MAX,
-            limit=10,
-            bots=[OTHER_BOT],
-            durable_exhaustion=True,
-        )
+    await _spend(store, OTHER_BOT, (60, 200, 400))
     spent = await store.get_update(OTHER_BOT, 3)
     taken = await _taken(store, f)
     if taken is None:
