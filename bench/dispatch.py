@@ -12,6 +12,9 @@ All on PostgreSQL, against one trivial downstream (an aiohttp process answering 
   worker on the analysed table run ROUNDS times in turn, and the table gives their medians.
 - latency: `telegram-intake serve` and one `worker` as separate processes; updates POSTed to
   the intake at 200/s; latency from each POST's start to its arrival at the downstream.
+- tracing on (issue 35): one worker draining with every span exported over OTLP/HTTP to a
+  collector of its own (bench/otlp_sink.py), in turn with the rounds above, and the latency
+  path again with `serve` and the worker both exporting.
 - the forwarding client's ceiling (bench client) in the same run.
 """
 
@@ -33,6 +36,7 @@ from bench import client
 from bench.child import free_port, process
 from bench.downstream import command as downstream_command
 from bench.fixtures import CHATS, SECRET, body, fresh_schema, serve, worker, worker_env
+from bench.otlp_sink import command as sink_command
 from bench.store import POSTGRES_URL
 
 ROUNDS = 3  # of PgQueuer and one worker in turn, for the headline ratio
@@ -67,12 +71,19 @@ async def fetch(session: aiohttp.ClientSession, url: str) -> object:
 
 
 async def drain_ours(
-    downstream: str, workers: int, count: int, *, analyzed: bool, history: bool = True
+    downstream: str,
+    workers: int,
+    count: int,
+    *,
+    analyzed: bool,
+    history: bool = True,
+    traces: str | None = None,
 ) -> float:
     """Updates settled per second by `workers` worker processes. With `analyzed`, the table
     is analysed after the rows are in and the clock starts after that; without, the clock
     starts when they are in, and the planner has what the workers themselves gather (as on a
-    table that the intake fills). `history`: the workers record every attempt (the default)."""
+    table that the intake fills). `history`: the workers record every attempt (the default).
+    `traces`: the workers export their spans to this OTLP/HTTP collector (tracing on)."""
     async with fresh_schema() as (url, _):
         upgrade(url)
         env = worker_env(
@@ -80,6 +91,7 @@ async def drain_ours(
             downstream,
             INTAKE_POLL_INTERVAL_SECONDS="1",
             INTAKE_ATTEMPT_HISTORY="true" if history else "false",
+            **_traced(traces),
         )
         # The default bot is named `default`.
         rows = [
@@ -192,13 +204,27 @@ async def drain_pgqueuer(downstream: str, count: int) -> float:
 Spans = dict[str, tuple[float, float]]
 
 
-async def latency(downstream: str, rate: float, seconds: float) -> Spans:
+def _traced(traces: str | None) -> dict[str, str]:
+    """The environment that turns tracing on, exporting to `traces`; none for None."""
+    return {} if traces is None else {"OTEL_EXPORTER_OTLP_ENDPOINT": traces}
+
+
+async def exported_spans(sink: str) -> int:
+    """The spans the collector received since its last reset; then it is reset."""
+    async with aiohttp.ClientSession() as session:
+        spans = int((await fetch(session, f"{sink}/count"))["spans"])  # type: ignore[index]
+        async with session.post(f"{sink}/reset"):
+            return spans
+
+
+async def latency(downstream: str, rate: float, seconds: float, traces: str | None = None) -> Spans:
     """p50 and p99 (ms) through `serve` + `worker`: from the POST to its 200 (the intake's
-    share), from the 200 to arrival at the downstream (the workers' share), and in all."""
+    share), from the 200 to arrival at the downstream (the workers' share), and in all.
+    `traces`: both export their spans there (tracing on)."""
     async with fresh_schema() as (url, _):
         upgrade(url)
         port = free_port()
-        env = worker_env(url, downstream, INTAKE_PORT=str(port))
+        env = worker_env(url, downstream, INTAKE_PORT=str(port), **_traced(traces))
         async with serve(env), _workers(env, 1), aiohttp.ClientSession() as session:
             await session.post(f"{downstream}/reset")
             sent: dict[str, float] = {}
@@ -249,17 +275,26 @@ async def main(*, quick: bool = False) -> str:
     port = free_port()
     downstream = f"http://127.0.0.1:{port}"
     server = process(*downstream_command(port), ready="ready", label="downstream")
+    sink_port = free_port()
+    sink = f"http://127.0.0.1:{sink_port}"
+    collector = process(*sink_command(sink_port), ready="ready", label="OTLP sink")
     lines: list[str] = []
-    async with server:
+    async with server, collector:
         # The headline, one worker against PgQueuer: ROUNDS of each in turn, medians, as the
         # machine's pace drifts over minutes (PgQueuer alone moved 1,700 to 2,200 in an hour).
+        # One worker with tracing on takes its turn too (issue 35).
         peers: list[float] = []
         singles: list[float] = []
+        traced: list[float] = []
+        spans: list[int] = []
         for round_ in range(1 if quick else ROUNDS):
             print(f"bench dispatch: PgQueuer, round {round_ + 1}", file=sys.stderr)
             peers.append(await drain_pgqueuer(downstream, count))
             print(f"bench dispatch: 1 worker process, round {round_ + 1}", file=sys.stderr)
             singles.append(await drain_ours(downstream, 1, count, analyzed=True))
+            print(f"bench dispatch: 1 worker, tracing on, round {round_ + 1}", file=sys.stderr)
+            traced.append(await drain_ours(downstream, 1, count, analyzed=True, traces=sink))
+            spans.append(await exported_spans(sink))
         peer = statistics.median(peers)
         ours: dict[tuple[int, bool], float] = {(1, True): statistics.median(singles)}
         unrecorded: dict[int, float] = {}  # analysed, attempt history off
@@ -276,7 +311,10 @@ async def main(*, quick: bool = False) -> str:
                 )
         print("bench dispatch: latency at 200/s", file=sys.stderr)
         seconds = 5 if quick else 20
-        spans = await latency(downstream, 200, seconds)
+        latencies = await latency(downstream, 200, seconds)
+        print("bench dispatch: latency at 200/s, tracing on", file=sys.stderr)
+        latencies_traced = await latency(downstream, 200, seconds, traces=sink)
+        spans_traced = await exported_spans(sink)
     # One worker's ratio: the median of the rounds' own (each from the same minutes).
     ratios = [mine / theirs for mine, theirs in zip(singles, peers, strict=True)]
     headline = statistics.median(ratios)
@@ -316,11 +354,29 @@ async def main(*, quick: bool = False) -> str:
             for workers, off in unrecorded.items()
         ),
         "",
-        f"Latency at 200 updates/s for {seconds} s, `serve` and one `worker` process:",
+        "Tracing on (issue 35): one worker exporting every span over OTLP/HTTP to a "
+        "collector of its own (bench/otlp_sink.py; the SDK's defaults), in turn with the "
+        "rounds above; spans exported per update settled (4 expected: the attempt, its "
+        "claim, its forward, its settle):",
         "",
-        "| span | p50 ms | p99 ms |",
-        "| --- | --- | --- |",
-        *(f"| {name} | {p50:.1f} | {p99:.1f} |" for name, (p50, p99) in spans.items()),
+        "| drain, 1 worker, analysed | tracing off, updates/s | tracing on, updates/s | on / off "
+        "| spans per update |",
+        "| --- | --- | --- | --- | --- |",
+        f"| median of {len(traced)} rounds | {statistics.median(singles):,.0f} | "
+        f"{statistics.median(traced):,.0f} | "
+        f"{statistics.median(on / off for on, off in zip(traced, singles, strict=True)):.2f} | "
+        f"{sum(spans) / (count * len(spans)):.2f} |",
+        "",
+        f"Latency at 200 updates/s for {seconds} s, `serve` and one `worker` process, tracing "
+        f"off and on (on: {spans_traced:,} spans exported for {int(200 * seconds):,} updates):",
+        "",
+        "| span | off p50 ms | off p99 ms | on p50 ms | on p99 ms |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {name} | {p50:.1f} | {p99:.1f} | {latencies_traced[name][0]:.1f} | "
+            f"{latencies_traced[name][1]:.1f} |"
+            for name, (p50, p99) in latencies.items()
+        ),
         "",
         "The forwarding client's ceiling, same machine, same run:",
         "",

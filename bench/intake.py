@@ -15,6 +15,12 @@ dropped afterwards; a temporary SQLite file), the same across rounds.
   nothing: what durability costs. Column "x ceiling".
 - aiogram: `SimpleRequestHandler` in background mode: it answers before the update is
   handled, and stores nothing.
+- tracing on (issue 35): the durable intake on PostgreSQL and the ceiling again, each exporting
+  a span per request over OTLP/HTTP (the SDK's defaults: batches of 512 from a queue of 2048)
+  to a collector of its own, bench/otlp_sink.py, which decodes and counts the spans only once
+  the server has stopped; and the intake with 1 trace in 10 sampled
+  (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`). The rows without are tracing off, as the
+  product runs by default.
 - the durable intake on PostgreSQL served by granian rather than uvicorn: issue 33 asks
   whether another ASGI server serves the product better (it could not keep the connection
   limits of `app.http.server`; bench/intake_servers.py says which).
@@ -35,6 +41,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -43,12 +50,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 from sqlalchemy import text
 
 from app.store.engine import create_sync_engine
 from app.store.schema import DEFAULT_TABLE
-from bench.child import process
+from bench.child import free_port, process
 from bench.intake_servers import BOT, HOST, SECRET
+from bench.otlp_sink import command as sink_command
 from bench.store import fresh_storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,14 +75,30 @@ GRANIAN = "durable intake, PostgreSQL, on granian"
 SQLITE = "durable intake, SQLite"
 CEILING = "no-store ceiling (same app and route)"
 BARE = "bare ASGI on uvicorn, the same checks, stores nothing"
+POSTGRES_TRACED = "durable intake, PostgreSQL, tracing on"
+POSTGRES_SAMPLED = "durable intake, PostgreSQL, tracing on, 1 in 10 sampled"
+CEILING_TRACED = "no-store ceiling, tracing on"
 SERVERS = (  # label, server kind, storage backend; PostgreSQL first: it sets the fixed rate
     (POSTGRES, "intake", "postgresql"),
+    (POSTGRES_TRACED, "intake", "postgresql"),
+    (POSTGRES_SAMPLED, "intake", "postgresql"),
     (GRANIAN, "granian", "postgresql"),
     (SQLITE, "intake", "sqlite"),
     (CEILING, "ceiling", "sqlite"),
+    (CEILING_TRACED, "ceiling", "sqlite"),
     (BARE, "bare", None),
     ("aiogram 3 SimpleRequestHandler, background", "aiogram", None),
 )
+# Tracing on (docs/operations.md, Tracing), each beside the same server with it off, and the
+# OTEL_* environment that turns it on beside OTEL_EXPORTER_OTLP_ENDPOINT: spans exported over
+# OTLP/HTTP to bench/otlp_sink.py, the SDK's defaults otherwise (every trace sampled).
+SAMPLED = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+TRACED: dict[str, tuple[str, dict[str, str]]] = {
+    POSTGRES_TRACED: (POSTGRES, {}),
+    POSTGRES_SAMPLED: (POSTGRES, SAMPLED),
+    CEILING_TRACED: (CEILING, {}),
+}
+WARM = "warm-up"  # a measurement's key prefix for its warm-up load
 # Run at half the PostgreSQL intake's 64-connection rate; the ceiling is the control: the
 # latency the generator and the HTTP server add by themselves.
 PACED_SERVERS = (POSTGRES, CEILING)
@@ -103,10 +128,15 @@ class Load:
 
 
 @asynccontextmanager
-async def server(kind: str, database_url: str) -> AsyncIterator[int]:
-    """Start one server process; yield its port; stop it with SIGTERM."""
+async def server(
+    kind: str, database_url: str, traces: dict[str, str] | None = None
+) -> AsyncIterator[int]:
+    """Start one server process, with the OTEL_* environment `traces` when given (tracing
+    on); yield its port; stop it with SIGTERM (its last spans are exported as it exits)."""
     command = (sys.executable, "-m", "bench.intake_servers", kind, database_url)
-    async with process(*command, ready="ready ", merge_stderr=False, label=kind) as child:
+    env = None if traces is None else {**os.environ, **traces}
+    label = kind if traces is None else f"{kind}, traced"
+    async with process(*command, env=env, ready="ready ", merge_stderr=False, label=label) as child:
         yield int(child.line.split()[1])
 
 
@@ -138,19 +168,33 @@ def paced(port: int, rate: float, seconds: float, first: int) -> Iterable[str]:
 
 
 async def measure(
-    kind: str, url: str, seconds: float, warm_up: float, ids: Iterator[int]
+    kind: str,
+    url: str,
+    seconds: float,
+    warm_up: float,
+    ids: Iterator[int],
+    traces: dict[str, str] | None = None,
 ) -> dict[int | str, Load]:
-    """wrk at each connection count, each after a warm-up."""
+    """wrk at each connection count, each after a warm-up (kept too, as WARM + count)."""
     loads: dict[int | str, Load] = {}
-    async with server(kind, url) as port:
+    async with server(kind, url, traces) as port:
         for connections in CONNECTIONS:
             print(f"bench intake: {kind}, {connections} connections", file=sys.stderr)
             first = next(ids)
-            await generate(*wrk(port, connections, warm_up, first), first=first)
+            warm = await generate(*wrk(port, connections, warm_up, first), first=first)
+            loads[f"{WARM} {connections}"] = warm
             first = next(ids)
             run = wrk(port, connections, seconds, first)
             loads[connections] = await generate(*run, first=first)
     return loads
+
+
+async def exported_spans(session: aiohttp.ClientSession, sink: str) -> int:
+    """The spans the collector has received since its last reset, then reset it."""
+    async with session.get(f"{sink}/count") as answer:
+        spans = int((await answer.json())["spans"])
+    async with session.post(f"{sink}/reset"):
+        return spans
 
 
 async def measure_paced(
@@ -266,9 +310,40 @@ def verdicts(
     return lines
 
 
+def tracing_table(
+    rounds: dict[str, list[dict[int | str, Load]]], spans: dict[str, list[int]]
+) -> list[str]:
+    """Each traced server beside itself untraced at 64 connections (medians), and the spans
+    exported for the requests answered 200: one each when every trace is sampled, unless the
+    SDK dropped some because its queue was full (`OTEL_BSP_*`); about a tenth when 1 in 10."""
+    top = CONNECTIONS[-1]
+    head = ["tracing", "off req/s", "on req/s", "on / off", "off p99 ms", "on p99 ms"]
+    rows = []
+    for traced, (plain, sampling) in TRACED.items():
+        on = median_load([loads[top] for loads in rounds[traced]])
+        off = median_load([loads[top] for loads in rounds[plain]])
+        answered = sum(load.ok for loads in rounds[traced] for load in loads.values())
+        exported = sum(spans[traced])
+        dropped = not sampling and exported < answered
+        cell = f"{exported:,} / {answered:,}" + (" (dropped)" if dropped else "")
+        rows.append(
+            [
+                traced,
+                f"{off.rate:,.0f}",
+                f"{on.rate:,.0f}",
+                f"{on.rate / off.rate:.2f}",
+                f"{off.p99_ms:.1f}",
+                f"{on.p99_ms:.1f}",
+                cell,
+            ]
+        )
+    return table([*head, "spans exported / 200s"], rows)
+
+
 def report(
     rounds: dict[str, list[dict[int | str, Load]]],
     results: dict[str, dict[int | str, Load]],
+    spans: dict[str, list[int]],
     seconds: float,
     warm_up: float,
 ) -> str:
@@ -279,6 +354,8 @@ def report(
         *rounds_table(rounds),
         "",
         *paced_table(results, seconds),
+        "",
+        *tracing_table(rounds, spans),
         "",
         *verdicts(rounds, results),
         "",
@@ -303,6 +380,9 @@ async def main(*, quick: bool = False) -> str:
     ids = (n * SPAN for n in itertools.count(1))
     rounds: dict[str, list[dict[int | str, Load]]] = {label: [] for label, _, _ in SERVERS}
     results: dict[str, dict[int | str, Load]] = {}  # the paced runs, after the rounds
+    spans: dict[str, list[int]] = {label: [] for label in TRACED}  # exported, each round
+    sink_port = free_port()
+    sink = f"http://{HOST}:{sink_port}"
     with tempfile.TemporaryDirectory() as directory, contextlib.ExitStack() as drops:
         urls = {}
         for label, _, backend in SERVERS:
@@ -310,9 +390,19 @@ async def main(*, quick: bool = False) -> str:
             if backend:
                 urls[label], drop = await fresh_storage(backend, Path(directory))
                 drops.callback(drop)
-        for _ in range(count):
-            for label, kind, _ in SERVERS:
-                rounds[label].append(await measure(kind, urls[label], seconds, warm_up, ids))
+        async with (
+            process(*sink_command(sink_port), ready="ready", label="OTLP sink"),
+            aiohttp.ClientSession() as session,
+        ):
+            for _ in range(count):
+                for label, kind, _ in SERVERS:
+                    traces = None
+                    if label in TRACED:
+                        traces = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink, **TRACED[label][1]}
+                    loads = await measure(kind, urls[label], seconds, warm_up, ids, traces)
+                    rounds[label].append(loads)
+                    if traces is not None:
+                        spans[label].append(await exported_spans(session, sink))
         for label, kind, _ in SERVERS:
             if label in PACED_SERVERS:
                 top = median_load([loads[CONNECTIONS[-1]] for loads in rounds[POSTGRES]])
@@ -323,4 +413,4 @@ async def main(*, quick: bool = False) -> str:
             if kind in ("intake", "granian"):
                 measured = [load for loads in rounds[label] for load in loads.values()]
                 count_stored(urls[label], [*measured, *results.get(label, {}).values()])
-    return report(rounds, results, seconds, warm_up)
+    return report(rounds, results, spans, seconds, warm_up)

@@ -4,7 +4,8 @@
     python -m bench.intake_servers aiogram
     python -m bench.intake_servers bare
 
-- intake: the product's app under uvicorn, one worker, as `telegram-intake serve` runs it.
+- intake: the product's app under uvicorn, one worker, as `telegram-intake serve` runs it,
+  tracing included: on when the OTEL_* environment asks (bench intake's traced rows).
 - ceiling: the same app and route, with the group committer swapped after start-up for one
   that answers at once and stores nothing: what the server costs without durability.
 - granian: the product's app, as `intake` but served by granian (Rust's hyper under the same
@@ -41,6 +42,7 @@ import uvicorn
 import uvloop
 from pydantic import SecretStr
 
+from app import tracing
 from app.bot_settings import BotSettings
 from app.config import Settings
 from app.http.front import Service
@@ -92,6 +94,7 @@ def ceiling_app(configured: Settings) -> Service:
 
 
 def serve_uvicorn(kind: str, database_url: str) -> None:
+    tracing.start_tracing("serve")  # as `telegram-intake serve`: on when OTEL_* asks
     configured = settings(database_url)
     app = create_app(configured) if kind == "intake" else ceiling_app(configured)
     AnnouncingServer(server_config(app, host=HOST, port=0, log_level="warning")).run()
