@@ -4,9 +4,9 @@ exports as a collector would, and keeping them aside.
     python -m bench.otlp_sink PORT
 
 `POST /v1/traces` answers 200 at once and keeps the body; decoding waits for `GET /count`,
-which answers the spans received so far (`{"spans": n, "exports": n, "names": {name: n}}`), so that a collector's
-work does not take the measured servers' cores while they run. `POST /reset` forgets
-everything. Prints `ready` when it listens.
+which answers the spans received so far (`{"spans": n, "exports": n, "names": {name: n}}`),
+so that a collector's work does not take the measured servers' cores while they run.
+`POST /reset` forgets everything. Prints `ready` when it listens.
 """
 
 from __future__ import annotations
