@@ -1,8 +1,9 @@
 """Tracing end to end (docs/contract.md section 15): `serve` and a `worker` as processes,
 turned on by the standard environment alone, exporting over OTLP/HTTP to a receiver this test
 runs, which decodes what arrives with OpenTelemetry's own protobuf definitions; then a bot of
-each Python framework on the kit's adapter (tests/kit/bots), tracing with an SDK of its own
-into the same receiver, its handler's span in the update's trace."""
+each framework on the kit's adapter (aiogram and python-telegram-bot in tests/kit/bots, grammY
+and Telegraf in kit/typescript/test/bots), tracing with an SDK of its own into the same
+receiver, its handler's span in the update's trace."""
 
 from __future__ import annotations
 
@@ -173,7 +174,7 @@ async def test_spans_waiting_for_their_batch_are_exported_at_a_graceful_stop(
     ]
 
 
-@pytest.mark.parametrize("framework", ["aiogram", "ptb"])
+@pytest.mark.parametrize("framework", ["aiogram", "ptb", "grammy", "telegraf"])
 async def test_the_bot_s_own_spans_join_the_update_s_trace_under_the_forward(
     postgres_storage: Storage, tmp_path: Path, framework: str
 ) -> None:

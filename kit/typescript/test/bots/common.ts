@@ -4,10 +4,18 @@
  *
  * BOT_TOKEN, BOT_API_ROOT (the fake Bot API, no trailing slash), PORT;
  * SECRET_TOKEN, SIGNING_SECRET (at least one), INTAKE_URL and API_KEY (together,
- * optional), DEFER_AFTER (seconds, optional).
+ * optional), DEFER_AFTER (seconds, optional). With OTEL_EXPORTER_OTLP_ENDPOINT the bot
+ * traces as a Node service would, with OpenTelemetry's SDK of its own exporting over
+ * OTLP (OTEL_SERVICE_NAME names it), and each message's handling is a span.
  */
 
 import http from "node:http";
+import { context, propagation, trace, type Tracer } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { W3CTraceContextPropagator } from "@opentelemetry/core";
+import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-proto";
+import { resourceFromAttributes } from "@opentelemetry/resources";
+import { BasicTracerProvider, BatchSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import {
   TerminalError,
   type IntakeAttempt,
@@ -44,11 +52,48 @@ export function settings(env: NodeJS.ProcessEnv = process.env): Settings {
   };
 }
 
+/** The bot's tracer when the environment asks for tracing (the module's rule). */
+function tracing(env: NodeJS.ProcessEnv = process.env): Tracer | undefined {
+  if (!env["OTEL_EXPORTER_OTLP_ENDPOINT"]) return undefined;
+  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  const provider = new BasicTracerProvider({
+    resource: resourceFromAttributes({ "service.name": env["OTEL_SERVICE_NAME"] ?? "bot" }),
+    // The exporter reads its endpoint, and the processor its schedule, from OTEL_*.
+    spanProcessors: [new BatchSpanProcessor(new OTLPTraceExporter())],
+  });
+  trace.setGlobalTracerProvider(provider);
+  return provider.getTracer("test bot");
+}
+
+const tracer = tracing();
+
 /**
  * One text message: "fail-once" fails attempt 1, "terminal" is a TerminalError,
- * "sleep:MS" waits; then the bot sends the chat what it saw, as JSON.
+ * "sleep:MS" waits; then the bot sends the chat what it saw, as JSON. In a span
+ * "handle message" when the bot traces.
  */
 export async function handleText(
+  text: string,
+  updateId: number,
+  intake: IntakeAttempt | undefined,
+  send: (text: string) => Promise<unknown>,
+): Promise<void> {
+  if (tracer === undefined) return behave(text, updateId, intake, send);
+  return tracer.startActiveSpan(
+    "handle message",
+    { attributes: { "bot.update_id": updateId } },
+    async (span) => {
+      try {
+        await behave(text, updateId, intake, send);
+      } finally {
+        span.end();
+      }
+    },
+  );
+}
+
+async function behave(
   text: string,
   updateId: number,
   intake: IntakeAttempt | undefined,
