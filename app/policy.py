@@ -33,6 +33,11 @@ class Outcome:
     status: int | None = None  # the downstream's HTTP status; None when none came
 
     @property
+    def taken(self) -> bool:
+        """Any 2xx: the receiver took it (a delivery's success: an exhaustion, an event)."""
+        return self.kind in ("completed", "deferred")
+
+    @property
     def downstream_failed(self) -> bool:
         """Whether this counts against the downstream's health (the circuit breaker)."""
         return self.kind == "retry"

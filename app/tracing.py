@@ -22,8 +22,9 @@ conventions' HTTP attributes; never a body, a token or a secret.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -42,6 +43,7 @@ __all__ = [
     "make_current",
     "recorded",
     "release",
+    "span_of",
     "start_tracing",
     "stop_tracing",
     "traceparent",
@@ -141,21 +143,45 @@ def release(token: object) -> None:
     context.detach(token)  # type: ignore[arg-type]
 
 
-def context_of(traceparent: str | None) -> Context | None:
+def context_of(traceparent: str | None) -> Context:
     """The context whose current span is the one `traceparent` names (a span of another
-    process, the intake's): a span started in it is that span's child. None for None."""
-    if traceparent is None:
-        return None
+    process, the intake's): a span started in it is that span's child. For None, a context
+    with no span: a span started in it begins a trace of its own, whatever is current."""
+    from opentelemetry.context import Context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+    if traceparent is None:
+        return Context()
     return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
 
 
-async def recorded(tracer: Tracer | None, name: str, write: Callable[[], Awaitable[bool]]) -> bool:
-    """`write()`, a write that may not take effect (a fenced settle, an acknowledgement); with
-    tracing on, in an INTERNAL span `name` that says whether it did (`intake.took_effect`)."""
+@contextmanager
+def span_of(
+    tracer: Tracer | None, name: str, traceparent: str | None, attributes: Mapping[str, Any]
+) -> Iterator[Span | None]:
+    """An INTERNAL span `name`, current while the block runs, in the trace `traceparent`
+    names (a trace of its own for None); None, and no span, when tracing is off. For the
+    paths off the hot ones (deliveries): `attributes` is built either way."""
     if tracer is None:
-        return await write()
+        yield None
+        return
+    context = context_of(traceparent)
+    with tracer.start_as_current_span(name, context=context, attributes=attributes) as span:
+        yield span
+
+
+def recorded(
+    tracer: Tracer | None, name: str, write: Callable[[], Awaitable[bool]]
+) -> Awaitable[bool]:
+    """`write()`, a write that may not take effect (a fenced settle, an acknowledgement); with
+    tracing on, in an INTERNAL span `name` that says whether it did (`intake.took_effect`).
+    Off, `write()` itself: nothing between it and its caller."""
+    if tracer is None:
+        return write()
+    return _recorded(tracer, name, write)
+
+
+async def _recorded(tracer: Tracer, name: str, write: Callable[[], Awaitable[bool]]) -> bool:
     with tracer.start_as_current_span(name) as span:
         took = await write()
         span.set_attribute("intake.took_effect", took)

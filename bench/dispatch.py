@@ -37,6 +37,7 @@ from bench.child import free_port, process
 from bench.downstream import command as downstream_command
 from bench.fixtures import CHATS, SECRET, body, fresh_schema, serve, worker, worker_env
 from bench.otlp_sink import command as sink_command
+from bench.otlp_sink import exported_spans
 from bench.store import POSTGRES_URL
 
 ROUNDS = 3  # of PgQueuer and one worker in turn, for the headline ratio
@@ -207,14 +208,6 @@ Spans = dict[str, tuple[float, float]]
 def _traced(traces: str | None) -> dict[str, str]:
     """The environment that turns tracing on, exporting to `traces`; none for None."""
     return {} if traces is None else {"OTEL_EXPORTER_OTLP_ENDPOINT": traces}
-
-
-async def exported_spans(sink: str) -> int:
-    """The spans the collector received since its last reset; then it is reset."""
-    async with aiohttp.ClientSession() as session:
-        spans = int((await fetch(session, f"{sink}/count"))["spans"])  # type: ignore[index]
-        async with session.post(f"{sink}/reset"):
-            return spans
 
 
 async def latency(downstream: str, rate: float, seconds: float, traces: str | None = None) -> Spans:

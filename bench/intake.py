@@ -50,7 +50,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 from sqlalchemy import text
 
 from app.store.engine import create_sync_engine
@@ -58,6 +57,7 @@ from app.store.schema import DEFAULT_TABLE
 from bench.child import free_port, process
 from bench.intake_servers import BOT, HOST, SECRET
 from bench.otlp_sink import command as sink_command
+from bench.otlp_sink import exported_spans
 from bench.store import fresh_storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,14 +187,6 @@ async def measure(
             run = wrk(port, connections, seconds, first)
             loads[connections] = await generate(*run, first=first)
     return loads
-
-
-async def exported_spans(session: aiohttp.ClientSession, sink: str) -> int:
-    """The spans the collector has received since its last reset, then reset it."""
-    async with session.get(f"{sink}/count") as answer:
-        spans = int((await answer.json())["spans"])
-    async with session.post(f"{sink}/reset"):
-        return spans
 
 
 async def measure_paced(
@@ -390,10 +382,7 @@ async def main(*, quick: bool = False) -> str:
             if backend:
                 urls[label], drop = await fresh_storage(backend, Path(directory))
                 drops.callback(drop)
-        async with (
-            process(*sink_command(sink_port), ready="ready", label="OTLP sink"),
-            aiohttp.ClientSession() as session,
-        ):
+        async with process(*sink_command(sink_port), ready="ready", label="OTLP sink"):
             for _ in range(count):
                 for label, kind, _ in SERVERS:
                     traces = None
@@ -402,7 +391,7 @@ async def main(*, quick: bool = False) -> str:
                     loads = await measure(kind, urls[label], seconds, warm_up, ids, traces)
                     rounds[label].append(loads)
                     if traces is not None:
-                        spans[label].append(await exported_spans(session, sink))
+                        spans[label].append(await exported_spans(sink))
         for label, kind, _ in SERVERS:
             if label in PACED_SERVERS:
                 top = median_load([loads[CONNECTIONS[-1]] for loads in rounds[POSTGRES]])

@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections import Counter
 
-from aiohttp import web
+from aiohttp import ClientSession, web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -45,6 +45,15 @@ class Sink:
     async def reset(self, _request: web.Request) -> web.Response:
         self.bodies.clear()
         return web.json_response({})
+
+
+async def exported_spans(sink: str) -> int:
+    """The spans the collector at `sink` received since its last reset; then it is reset."""
+    async with ClientSession() as session:
+        async with session.get(f"{sink}/count") as answer:
+            spans = int((await answer.json())["spans"])
+        async with session.post(f"{sink}/reset"):
+            return spans
 
 
 def command(port: int) -> tuple[str, ...]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING
 
 import httpx
 from standardwebhooks import Webhook
@@ -31,19 +30,15 @@ from app.bot_settings import BotSettings
 from app.config import Settings
 from app.dispatch.clock import DatabaseClock
 from app.dispatch.forward import in_client_span, post, sign, traced_address
-from app.dispatch.maintenance import pause_for, repeat_forever
+from app.dispatch.maintenance import backoff_seconds, delivered, pause_for, repeat_forever
 from app.metrics import Metrics
 from app.policy import Outcome
 from app.store import OperationalEvent, OperatorStore, StoreError, WebhookInfo
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
 CONCURRENCY = 16  # deliveries at once, and the events one take leases
 SWEEP_SECONDS = 1.0  # how often a worker looks for due events (other processes write them)
-MAX_RETRY_SECONDS = 3600.0
 TIMEOUT_SECONDS = 10.0  # one delivery's request
 LEASE_MARGIN_SECONDS = 20.0
 BACKLOG_CHECK_SECONDS = 5.0
@@ -97,21 +92,7 @@ class EventDelivery:
     async def _deliver(self, event: OperationalEvent) -> bool:
         """Deliver one event; with tracing on, in a span "deliver {type}": of the update's
         trace for an event about one (exhaustion.created), else a trace of its own."""
-        tracer = self._tracer
-        if tracer is None:
-            return await self._deliver_in(event, None)
-        with tracer.start_as_current_span(
-            f"deliver {event.type}",
-            context=tracing.context_of(event.trace_context),
-            attributes={
-                "intake.event.type": event.type,
-                "intake.event.id": event.message_id,
-                "intake.deliveries": event.deliveries,  # the failed ones before this
-            },
-        ) as span:
-            return await self._deliver_in(event, span)
 
-    async def _deliver_in(self, event: OperationalEvent, span: Span | None) -> bool:
         def send(traceparent: str | None) -> Awaitable[Outcome]:
             headers = {"content-type": "application/json", "accept-encoding": "identity"}
             if traceparent is not None:
@@ -119,28 +100,33 @@ class EventDelivery:
             sign(self._signer, headers, event.message_id, event.payload)
             return post(self._transport, self._url, headers, event.payload, self._timeout)
 
-        outcome = await in_client_span(self._tracer, self._address, send)
-        delivered = outcome.kind in ("completed", "deferred")  # any 2xx
-        if span is not None:
-            span.set_attribute(tracing.OUTCOME, "delivered" if delivered else "failed")
-        if delivered:
-            self._metrics.operational_event(event.type, "delivered")
-            return await tracing.recorded(
-                self._tracer,
-                "mark delivered",
-                lambda: self._store.event_delivered(event, self._clock.now()),
+        attributes = {
+            "intake.event.type": event.type,
+            "intake.event.id": event.message_id,
+            "intake.deliveries": event.deliveries,  # the failed ones before this
+        }
+        name = f"deliver {event.type}"
+        with tracing.span_of(self._tracer, name, event.trace_context, attributes) as span:
+            outcome = await in_client_span(self._tracer, self._address, send)
+            delivered(span, outcome)
+            if outcome.taken:
+                self._metrics.operational_event(event.type, "delivered")
+                return await tracing.recorded(
+                    self._tracer,
+                    "mark delivered",
+                    lambda: self._store.event_delivered(event, self._clock.now()),
+                )
+            self._metrics.operational_event(event.type, "failed")
+            pause = backoff_seconds(self._retry, event.deliveries)
+            await self._store.event_failed(event, self._clock.now() + int(pause * 1000))
+            log.warning(
+                "operational event %s (%s) not delivered (%s); next try in %.0f s",
+                event.message_id,
+                event.type,
+                outcome.error,
+                pause,
             )
-        self._metrics.operational_event(event.type, "failed")
-        pause = min(self._retry * 2 ** min(event.deliveries, 20), MAX_RETRY_SECONDS)
-        await self._store.event_failed(event, self._clock.now() + int(pause * 1000))
-        log.warning(
-            "operational event %s (%s) not delivered (%s); next try in %.0f s",
-            event.message_id,
-            event.type,
-            outcome.error,
-            pause,
-        )
-        return False
+            return False
 
 
 async def watch_backlog_forever(

@@ -131,16 +131,24 @@ def traced_address(url: httpx.URL) -> dict[str, str | int]:
     }
 
 
-async def in_client_span(
+def in_client_span(
     tracer: Tracer | None,
     address: Mapping[str, str | int],
     send: Callable[[str | None], Awaitable[Outcome]],
-) -> Outcome:
+) -> Awaitable[Outcome]:
     """`send(traceparent)`, a POST to `address`: with tracing on, in a CLIENT span "POST"
     (the HTTP conventions' attributes) whose own `traceparent` it is given to send, so the
-    receiver's spans are its children; without, given None."""
+    receiver's spans are its children; off, `send(None)` itself."""
     if tracer is None:
-        return await send(None)
+        return send(None)
+    return _in_client_span(tracer, address, send)
+
+
+async def _in_client_span(
+    tracer: Tracer,
+    address: Mapping[str, str | int],
+    send: Callable[[str | None], Awaitable[Outcome]],
+) -> Outcome:
     from opentelemetry.trace import SpanKind, StatusCode
 
     attributes = {"http.request.method": "POST", **address}

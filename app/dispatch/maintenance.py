@@ -6,8 +6,9 @@ Exhaustions (durable bots) are delivered to the bot's `exhaustion_url` and ackno
 (`take_exhaustions`), so across every process each exhaustion is delivered once while none
 dies, and again only after a lease lapses (at least once). A failed delivery's backoff is
 kept in the row (`delivery_failed`), so a restart does not reset it, and a sweep reads only
-the rows due now. With tracing on, each delivery is a span of the update's trace: the POST
-within it (its `traceparent` sent), and the acknowledgement.
+the rows due now. With tracing on, each delivery is a span of the update's trace (of its own
+for an update recorded with tracing off): the POST within it (its `traceparent` sent), and the
+acknowledgement.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.forward import Downstream, in_client_span
 from app.logs import AttemptLog
 from app.metrics import AttemptMeters
+from app.policy import Outcome
 from app.store import Exhaustion, OperatorStore, StoreError, UpdateStore
 
 if TYPE_CHECKING:
@@ -111,52 +113,54 @@ class ExhaustionDelivery:
 
     async def _deliver(self, exhaustion: Exhaustion) -> bool:
         """Deliver one exhaustion, and acknowledge it once the receiver took it; with tracing
-        on, in a span "deliver exhaustion" of the update's trace."""
-        tracer = self._tracer
-        if tracer is None:
-            return await self._deliver_in(exhaustion, None)
+        on, in a span "deliver exhaustion" of the update's trace (of its own when the update
+        has none)."""
         identity = exhaustion.identity
-        with tracer.start_as_current_span(
-            "deliver exhaustion",
-            context=tracing.context_of(exhaustion.trace_context),
-            attributes={
-                tracing.BOT: identity.bot,
-                tracing.UPDATE_ID: identity.update_id,
-                tracing.ATTEMPT: identity.attempt,
-                tracing.CLAIM_ID: identity.claim_id,
-                "intake.deliveries": exhaustion.deliveries,  # the failed ones before this
-            },
-        ) as span:
-            return await self._deliver_in(exhaustion, span)
-
-    async def _deliver_in(self, exhaustion: Exhaustion, span: Span | None) -> bool:
-        identity = exhaustion.identity
-        downstream = self._downstreams[identity.bot]
-        payload = exhaustion_payload(exhaustion)
-        outcome = await in_client_span(
-            self._tracer,
-            downstream.exhaustion_address or {},
-            lambda traceparent: downstream.deliver_exhaustion(
-                identity, payload, traceparent=traceparent
-            ),
-        )
-        delivered = outcome.kind in ("completed", "deferred")  # any 2xx
-        if span is not None:
-            span.set_attribute(tracing.OUTCOME, "delivered" if delivered else "failed")
-        if not delivered:
+        attributes = {
+            tracing.BOT: identity.bot,
+            tracing.UPDATE_ID: identity.update_id,
+            tracing.ATTEMPT: identity.attempt,
+            tracing.CLAIM_ID: identity.claim_id,
+            "intake.deliveries": exhaustion.deliveries,  # the failed ones before this
+        }
+        name, parent = "deliver exhaustion", exhaustion.trace_context
+        with tracing.span_of(self._tracer, name, parent, attributes) as span:
+            downstream = self._downstreams[identity.bot]
+            payload = exhaustion_payload(exhaustion)
+            outcome = await in_client_span(
+                self._tracer,
+                downstream.exhaustion_address or {},
+                lambda traceparent: downstream.deliver_exhaustion(
+                    identity, payload, traceparent=traceparent
+                ),
+            )
+            delivered(span, outcome)
+            if outcome.taken:
+                self._deliveries[identity.bot]["delivered"].inc()
+                return await tracing.recorded(
+                    self._tracer,
+                    "acknowledge exhaustion",
+                    lambda: self._store.acknowledge_exhaustion(identity, self._clock.now()),
+                )
             self._deliveries[identity.bot]["failed"].inc()
-            pause = min(self._retry * 2 ** min(exhaustion.deliveries, 20), MAX_RETRY_SECONDS)
+            pause = backoff_seconds(self._retry, exhaustion.deliveries)
             await self._store.delivery_failed(exhaustion, self._clock.now() + int(pause * 1000))
             AttemptLog.of(log, identity).warning(
                 "exhaustion not delivered (%s); next try in %.0f s", outcome.error, pause
             )
             return False
-        self._deliveries[identity.bot]["delivered"].inc()
-        return await tracing.recorded(
-            self._tracer,
-            "acknowledge exhaustion",
-            lambda: self._store.acknowledge_exhaustion(identity, self._clock.now()),
-        )
+
+
+def delivered(span: Span | None, outcome: Outcome) -> None:
+    """A delivery's span (None: tracing off) says whether the receiver took it."""
+    if span is not None:
+        span.set_attribute(tracing.OUTCOME, "delivered" if outcome.taken else "failed")
+
+
+def backoff_seconds(retry_seconds: float, failed: int) -> float:
+    """How long a delivery that failed waits before the next try: `retry_seconds` doubled for
+    each delivery that `failed` before it, up to MAX_RETRY_SECONDS."""
+    return min(retry_seconds * 2.0 ** min(failed, 20), MAX_RETRY_SECONDS)
 
 
 async def repeat_forever(

@@ -132,15 +132,15 @@ class AttemptRunner:
             },
         )
         token = tracing.make_current(span)
-        if claim is not None:
-            # The claim ran before the attempt existed, for its whole batch: its span is
-            # written afterwards, with the statement's own times.
-            tracer.start_span(
-                "claim",
-                start_time=claim.started_ns,
-                attributes={"messaging.batch.message_count": claim.batch},
-            ).end(end_time=claim.ended_ns)
         try:
+            if claim is not None:
+                # The claim ran before the attempt existed, for its whole batch: its span is
+                # written afterwards, with the statement's own times.
+                tracer.start_span(
+                    "claim",
+                    start_time=claim.started_ns,
+                    attributes={"messaging.batch.message_count": claim.batch},
+                ).end(end_time=claim.ended_ns)
             await self._run(attempt, forwarded)
         finally:
             tracing.release(token)

@@ -76,7 +76,7 @@ class Backend(ABC):
         With `history`, the claims and batch settles record each attempt in it; with `outbox`
         (the events table, when operational events are on), a durable claim that ends a row
         whose attempts are spent writes its exhaustion.created there
-        (`app.store.events.statements`)."""
+        (`app.store.outbox`)."""
 
     @abstractmethod
     async def transition(

@@ -196,8 +196,8 @@ class SqlCore:
     async def _emit(
         self, connection: AsyncConnection, made: Sequence[outbox_statements.Made]
     ) -> None:
-        """Write operational events in the caller's transaction, so
-        they are sent if and only if what they tell of commits; nothing when events are off."""
+        """Write operational events in the caller's transaction, so they are sent if and only
+        if what they tell of commits; nothing when events are off."""
         outbox = self._outbox()
         if outbox is not None and made:
             await connection.execute(outbox_statements.record(outbox, made))

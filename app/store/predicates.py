@@ -240,9 +240,14 @@ def unacknowledged(t: Table) -> ColumnElement[bool]:
     return and_(t.c.exhausted_at.is_not(None), t.c.acknowledged_at.is_(None))
 
 
+def traced(t: Table) -> list[ColumnElement[Any]]:
+    """The table's `trace_context` (the updates table from revision 0007, the events table
+    from 0008), to return or write where the table has it; nothing below."""
+    return [t.c.trace_context] if "trace_context" in t.c else []
+
+
 def transition_returning(t: Table) -> tuple[ColumnElement[Any], ...]:
     """What a transition that may make an exhaustion returns: its identity and what
-    exhaustion.created tells of it (`app.store.outbox.exhaustion`)."""
+    exhaustion.created tells of it (`app.store.outbox.exhaustion`), its trace included."""
     c = t.c
-    traced = [c.trace_context] if "trace_context" in c else []  # revision 0007
-    return (c.bot, c.update_id, c.attempts, c.claim_id, c.update_type, c.queue_key, *traced)
+    return (c.bot, c.update_id, c.attempts, c.claim_id, c.update_type, c.queue_key, *traced(t))

@@ -39,6 +39,7 @@ from app.store.predicates import (
     lease_column,
     live,
     matches,
+    traced,
     transition_returning,
 )
 from app.store.schema import bots_table_name
@@ -214,7 +215,7 @@ def claim_next_owned(
             t.c.update_type,
             t.c.queue_key,
             t.c.received_at,
-            *([t.c.trace_context] if "trace_context" in t.c else []),  # revision 0007
+            *traced(t),
             counted(t).label("counted"),
             walked_heads.label("walked_heads"),  # last: a reader of raw rows finds it there
         )

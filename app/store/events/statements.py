@@ -27,7 +27,7 @@ from sqlalchemy import (
     update,
 )
 
-from app.store.predicates import NON_TERMINAL, Upsert, in_state
+from app.store.predicates import NON_TERMINAL, Upsert, in_state, traced
 from app.store.types import WebhookInfo
 
 
@@ -53,7 +53,7 @@ def take(events: Table, *, now: int, lease_until: int, limit: int) -> Update:
             e.created_at,
             e.deliveries,
             e.due_at,
-            *([e.trace_context] if "trace_context" in e else []),  # revision 0008
+            *traced(events),
         )
     )
 

@@ -27,6 +27,7 @@ from sqlalchemy import (
 from app.store.predicates import (
     identity_is,
     owned_by,
+    traced,
     transition_returning,
     unacknowledged,
 )
@@ -96,7 +97,7 @@ def _exhaustion_columns(t: Table) -> tuple[ColumnElement[Any], ...]:
         t.c.error,
         t.c.exhausted_at,
         t.c.deliveries,
-        *([t.c.trace_context] if "trace_context" in t.c else []),  # revision 0007
+        *traced(t),
     )
 
 
