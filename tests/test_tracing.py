@@ -219,6 +219,35 @@ def test_tracing_off_loads_no_sdk_in_serve_or_a_worker() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_a_delivery_without_its_update_s_trace_begins_one_of_its_own(
+    exported: InMemorySpanExporter,
+) -> None:
+    # An update recorded with tracing off keeps no trace: its deliveries begin their own,
+    # never a child of whatever span happens to be current; with one, they join it.
+    tracer = tracing.tracer()
+    assert tracer is not None
+    intake = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    with tracer.start_as_current_span("something else"):
+        for traceparent in (None, intake):
+            with tracing.span_of(tracer, "deliver", traceparent, {"intake.deliveries": 0}):
+                pass
+    alone, joined, other = exported.get_finished_spans()
+    assert other.context is not None
+    assert alone.context is not None
+    assert alone.parent is None
+    assert alone.context.trace_id != other.context.trace_id
+    assert joined.context is not None
+    assert joined.parent is not None
+    assert (joined.context.trace_id, joined.parent.span_id) == (
+        int("ab" * 16, 16),
+        int("cd" * 8, 16),
+    )
+    assert _attribute(joined, "intake.deliveries") == 0
+    with tracing.span_of(None, "deliver", intake, {}) as off:  # tracing off: no span at all
+        assert off is None
+    assert len(exported.get_finished_spans()) == 3
+
+
 def test_log_lines_inside_a_span_carry_its_ids(exported: InMemorySpanExporter) -> None:
     records: list[logging.LogRecord] = []
 
