@@ -16,7 +16,15 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AnyHttpUrl,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -28,7 +36,15 @@ from pydantic_settings import (
 from app.api_keys import ApiKey, unnamed_label
 from app.bot_settings import BotOptions, BotSettings, check_signing_secret
 from app.logs import LogFormat
+from app.privacy.keyring import (
+    KeyRing,
+    KeyRingError,
+    parse_index_key,
+    parse_keys,
+    read_secret_file,
+)
 from app.store import validate
+from app.store.codec import Codec
 from app.store.engine import normalise_url
 from app.store.lifecycle import Lifecycle
 from app.store.schema import DEFAULT_TABLE
@@ -137,6 +153,19 @@ class Settings(BaseSettings, BotOptions):
     # Bots with a bot_token: getWebhookInfo once per this many seconds across the cluster
     # (pending_update_count and the last error as metrics; telegram.webhook_error); 0: never.
     webhook_check_seconds: float = Field(60, ge=0, le=86_400)
+
+    # Personal data at rest (docs/privacy.md, docs/contract.md section 17): the key ring, as
+    # `id:base64,...` of 32-byte AES keys (the first encrypts, all decrypt), and the index key
+    # (base64 of 32 bytes) that keys the digests of chat and user ids; each from a file instead
+    # where the platform mounts its secrets as files. Without them, values are stored as they
+    # are: `serve` and `worker` warn, `run` on SQLite makes a ring of its own, and
+    # require_encryption refuses to start.
+    encryption_keys: SecretStr | None = None
+    encryption_keys_file: Path | None = None
+    index_key: SecretStr | None = None
+    index_key_file: Path | None = None
+    require_encryption: bool = False
+    _key_ring: KeyRing | None = PrivateAttr(None)
 
     @classmethod
     def settings_customise_sources(
@@ -274,6 +303,35 @@ class Settings(BaseSettings, BotOptions):
                 raise ValueError(f"{field}: {problem}")
         return self
 
+    @model_validator(mode="after")
+    def _load_key_ring(self) -> Settings:
+        keys = _secret_or_file(self.encryption_keys, self.encryption_keys_file, "encryption_keys")
+        index = _secret_or_file(self.index_key, self.index_key_file, "index_key")
+        if keys is None and index is None:
+            return self
+        if keys is None:
+            raise ValueError("index_key: set without encryption_keys, it would key nothing")
+        if index is None:
+            raise ValueError(
+                "index_key: required with encryption_keys (base64 of 32 random bytes, apart from"
+                " the encryption keys), to key the digests of chat and user ids"
+            )
+        try:
+            self._key_ring = KeyRing(parse_keys(keys), parse_index_key(index))
+        except KeyRingError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+    @property
+    def key_ring(self) -> KeyRing | None:
+        return self._key_ring
+
+    def with_key_ring(self, ring: KeyRing) -> Settings:
+        """These settings with `ring` (one `run` made for its own SQLite file)."""
+        copied = self.model_copy()
+        copied._key_ring = ring
+        return copied
+
     def store_options(self) -> dict[str, Any]:
         """`open_store`'s options, as these settings give them (not the URL)."""
         return {
@@ -284,6 +342,7 @@ class Settings(BaseSettings, BotOptions):
             "listen_url": self.listen_database_url,
             "history": self.attempt_history,
             "events": self.operations_url is not None,
+            "codec": Codec(self._key_ring),
         }
 
     def bot(self, name: str) -> BotSettings | None:
@@ -294,6 +353,17 @@ class Settings(BaseSettings, BotOptions):
         the bot, its mode and `alembic upgrade head` (docs/design.md decision 1)."""
         for bot in self.bots:
             store.require(bot.capability, bot.needs)
+
+
+def _secret_or_file(secret: SecretStr | None, path: Path | None, setting: str) -> str | None:
+    if secret is not None and path is not None:
+        raise ValueError(f"{setting}: set it or {setting}_file, not both")
+    if path is not None:
+        try:
+            return read_secret_file(path, f"{setting}_file")
+        except KeyRingError as error:
+            raise ValueError(str(error)) from None
+    return None if secret is None else secret.get_secret_value()
 
 
 def describe(error: ValidationError) -> str:

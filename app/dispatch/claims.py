@@ -236,7 +236,15 @@ class ClaimLoop:
                 identity = ClaimIdentity(row.bot, row.update_id, attempt, PLAIN_CLAIM)
                 received_at = now if row.received_at is None else row.received_at
                 # The base claim reports no budget: a plain bot's attempts all count.
-                claimed = Claimed(identity, row.body, row.update_type, None, received_at, attempt)
+                claimed = Claimed(
+                    identity,
+                    row.body,
+                    row.update_type,
+                    None,
+                    received_at,
+                    attempt,
+                    unreadable=row.unreadable,
+                )
                 claim = ClaimSpan(started_ns, time.time_ns(), 1) if self._timed else None
                 probe = lane.breaker.started(1)
                 self.start(lane, claimed, lease_until, now, probe=probe, claim=claim)

@@ -40,19 +40,20 @@ LEASE_MARGIN_SECONDS = 30.0
 
 
 def exhaustion_payload(exhaustion: Exhaustion) -> str:
-    """The JSON sent to `exhaustion_url`: the identity, the error, and the update verbatim."""
+    """The JSON sent to `exhaustion_url`: the identity, the error, and the update verbatim
+    (null, with why, when the key ring cannot open it: docs/privacy.md)."""
     identity = exhaustion.identity
-    head = json.dumps(
-        {
-            "bot": identity.bot,
-            "update_id": identity.update_id,
-            "attempt": identity.attempt,
-            "claim_id": identity.claim_id,
-            "error": exhaustion.error,
-            "exhausted_at": exhaustion.exhausted_at,
-        }
-    )
-    return f'{head[:-1]}, "update": {exhaustion.body}}}'
+    fields = {
+        "bot": identity.bot,
+        "update_id": identity.update_id,
+        "attempt": identity.attempt,
+        "claim_id": identity.claim_id,
+        "error": exhaustion.error,
+        "exhausted_at": exhaustion.exhausted_at,
+    }
+    if exhaustion.unreadable is not None:
+        return json.dumps(fields | {"update": None, "unreadable": exhaustion.unreadable})
+    return f'{json.dumps(fields)[:-1]}, "update": {exhaustion.body}}}'
 
 
 class ExhaustionDelivery:

@@ -174,6 +174,12 @@ class AttemptRunner:
                 forwarded(attempt)
                 await self._end(attempt, "expired", EXPIRED)
                 return
+            unreadable = attempt.claimed.unreadable
+            if unreadable is not None:  # never forwarded as it is stored (docs/privacy.md)
+                forwarded(attempt)
+                AttemptLog.of(log, attempt.identity).error("not forwarded: %s", unreadable)
+                await self._end(attempt, "terminal", unreadable)
+                return
             started = time.perf_counter()
             try:
                 outcome = await self._forward(attempt)

@@ -4,12 +4,13 @@ every method runs its statements in (through the database's `Backend`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, overload
 
 from sqlalchemy import Row, Table, Update, inspect, literal, select
 from sqlalchemy.engine import Connection
@@ -20,7 +21,8 @@ from app.store import audit as audit_statements
 from app.store import history, validate
 from app.store import outbox as outbox_statements
 from app.store.backend import Backend, History
-from app.store.errors import UPGRADE_HINT, SchemaError, translated_errors
+from app.store.codec import PLAIN, Codec
+from app.store.errors import UPGRADE_HINT, SchemaError, Undecryptable, translated_errors
 from app.store.schema import (
     BESIDE_WIDENED,
     DEFAULT_TABLE,
@@ -42,6 +44,7 @@ from app.store.types import (
     Completed,
     Failed,
     HandedBack,
+    NewUpdate,
     Settlement,
 )
 
@@ -149,10 +152,13 @@ class SqlCore:
         history: bool = True,
         worker: str | None = None,
         events: bool = False,
+        codec: Codec = PLAIN,
     ) -> None:
         """`engine` as `create_store_engine` makes it (on PostgreSQL: AUTOCOMMIT). `history`:
         record every attempt (revision 0004), as run by `worker` (default: host:pid).
-        `events`: record the operational events (revision 0004; `operations_url` set)."""
+        `events`: record the operational events (revision 0004; `operations_url` set).
+        `codec`: what personal data is stored as (`app.store.codec`; PLAIN: as it is)."""
+        self.codec = codec
         self.keeps_history = history
         self.records_events = events
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}"
@@ -200,7 +206,74 @@ class SqlCore:
         if what they tell of commits; nothing when events are off."""
         outbox = self._outbox()
         if outbox is not None and made:
-            await connection.execute(outbox_statements.record(outbox, made))
+            await connection.execute(outbox_statements.record(outbox, made, self.codec))
+
+    # -- personal data: every column that holds it is written and read here (app.store.codec) --
+
+    def _sealed_rows(self, rows: Sequence[NewUpdate]) -> Sequence[NewUpdate]:
+        """New rows as stored: bodies sealed, queue keys digested."""
+        codec = self.codec
+        if not codec.encrypting:
+            return rows
+        return [
+            NewUpdate(
+                row.bot,
+                row.update_id,
+                codec.seal(row.body, f"body:{row.bot}:{row.update_id}"),
+                row.received_at,
+                row.update_type,
+                codec.digest_optional(row.queue_key),
+                row.trace_context,
+            )
+            for row in rows
+        ]
+
+    def _body(self, row: Any) -> str:
+        """A read row's body (bot, update_id, body), opened."""
+        return self.codec.open(row.body, f"body:{row.bot}:{row.update_id}")
+
+    def _body_or_why(self, row: Any) -> tuple[str, str | None]:
+        """A claimed row's body, or ("", why not) when the ring cannot open it: a worker ends
+        that attempt, and goes on with the others."""
+        try:
+            return self._body(row), None
+        except Undecryptable as error:
+            return "", str(error)
+
+    @overload
+    def _sealed_error(self, bot: str, update_id: int, error: str) -> str: ...
+    @overload
+    def _sealed_error(self, bot: str, update_id: int, error: str | None) -> str | None: ...
+    def _sealed_error(self, bot: str, update_id: int, error: str | None) -> str | None:
+        """An attempt's error as the row and its history store it: an excerpt (the history's
+        length, `history.MAX_ERROR_CHARS`), sealed. A downstream's answer may echo its user's
+        words; the row and its history share the one value."""
+        stored = history.excerpt(error)
+        return self.codec.seal_optional(stored, f"error:{bot}:{update_id}")
+
+    def _error(self, row: Any) -> str | None:
+        """A read row's error (bot, update_id, error), opened; what kept it from opening, in
+        brackets, when the ring cannot (an operator's listing goes on past it)."""
+        try:
+            return self.codec.open_optional(row.error, f"error:{row.bot}:{row.update_id}")
+        except Undecryptable as error:
+            return f"[unreadable: {error}]"
+
+    def _sealed_settlement(self, settlement: Settlement, bot: str, update_id: int) -> Settlement:
+        """`settlement` with its error as `_sealed_error` stores it."""
+        error = getattr(settlement, "error", None)
+        if error is None:
+            return settlement
+        sealed = self._sealed_error(bot, update_id, error)
+        return dataclasses.replace(settlement, error=sealed)
+
+    def _audit_detail(self, row: Any) -> str | None:
+        """A read audit entry's detail (action, at, detail), opened: a filter may name a chat
+        or quote a body."""
+        try:
+            return self.codec.open_optional(row.detail, f"audit:{row.action}:{row.at}")
+        except Undecryptable as error:
+            return json.dumps({"unreadable": str(error)})
 
     @property
     def capability(self) -> Capability:
@@ -386,7 +459,10 @@ class SqlCore:
             key_name=by,
             action=action,
             target=target,
-            detail=None if detail is None else json.dumps(detail, sort_keys=True),
+            detail=self.codec.seal_optional(
+                None if detail is None else json.dumps(detail, sort_keys=True),
+                f"audit:{action}:{at}",
+            ),
             matched=matched,
             changed=changed,
         )

@@ -4,6 +4,8 @@ turns them into these.
     StoreError
     ├── SchemaError            the table is missing or older than the feature asked for
     │                          (the message names `alembic upgrade head`)
+    ├── Undecryptable          a stored value's key is not in the ring, or the value was
+    │                          altered: never read as plaintext (docs/privacy.md)
     └── StoreUnavailable       the database cannot be reached or did not answer in time;
         │                      the caller may retry (every write is idempotent or fenced)
         └── StoreBusy          SQLite: another process held the write lock past the busy timeout
@@ -30,6 +32,11 @@ class StoreError(Exception):
 
 class SchemaError(StoreError):
     """The live schema cannot serve the request."""
+
+
+class Undecryptable(StoreError):
+    """A stored value that the key ring cannot open: its key id is not in the ring, or the
+    value, its row or its column was altered (AES-GCM's tag says which is unknowable)."""
 
 
 class StoreUnavailable(StoreError):

@@ -25,7 +25,6 @@ from sqlalchemy import (
     Table,
     Update,
     delete,
-    func,
     select,
     tuple_,
     update,
@@ -124,7 +123,8 @@ def ended(
     status: int | None = None,
     error: str | None = None,
 ) -> Update:
-    """End the attempt of `identity` in its history (once: an ended attempt keeps its end)."""
+    """End the attempt of `identity` in its history (once: an ended attempt keeps its end).
+    `error` as stored: the store's `_sealed_error` has cut it to its excerpt and sealed it."""
     a = attempts.c
     return (
         update(attempts)
@@ -135,7 +135,7 @@ def ended(
             a.claim_id == identity.claim_id,
             a.ended_at.is_(None),
         )
-        .values(ended_at=at, outcome=outcome, status_code=status, error=excerpt(error))
+        .values(ended_at=at, outcome=outcome, status_code=status, error=error)
     )
 
 
@@ -168,7 +168,7 @@ def ended_many(attempts: Table, batch: FromClause, *only: ColumnElement[bool]) -
             ended_at=batch.c.at,
             outcome=batch.c.outcome,
             status_code=batch.c.status,
-            error=func.substr(batch.c.error, 1, MAX_ERROR_CHARS),
+            error=batch.c.error,  # as stored: cut to its excerpt, then sealed
         )
     )
 

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Insert, Table, Text, cast, func, insert, literal, select
 from sqlalchemy.sql.expression import CTE
 
+from app.store.codec import PLAIN, Codec
 from app.store.predicates import SPENT_ERROR
 from app.store.types import EventType
 
@@ -34,13 +35,14 @@ class Made(NamedTuple):
     trace_context: str | None = None
 
 
-def record(events: Table, made: Sequence[Made]) -> Insert:
-    """New events, each due for delivery at once."""
+def record(events: Table, made: Sequence[Made], codec: Codec = PLAIN) -> Insert:
+    """New events, each due for delivery at once; their data sealed (an exhaustion's error may
+    echo a user's words), bound to the event's type and time (`opened_data` reads it)."""
     traced = "trace_context" in events.c  # revision 0008
     rows = [
         {
             "type": event.type,
-            "data": json.dumps(event.data),
+            "data": codec.seal(json.dumps(event.data), f"event:{event.type}:{event.at}"),
             "created_at": event.at,
             "due_at": event.at,
             **({"trace_context": event.trace_context} if traced else {}),
@@ -48,6 +50,11 @@ def record(events: Table, made: Sequence[Made]) -> Insert:
         for event in made
     ]
     return insert(events).values(rows)
+
+
+def opened_data(row: Any, codec: Codec) -> str:
+    """A read event's data (type, created_at, data) as `record` was given it."""
+    return codec.open(row.data, f"event:{row.type}:{row.created_at}")
 
 
 # The fields of exhaustion.created, as both the store's methods and a claim's own statement

@@ -22,6 +22,7 @@ from app.store.backend import Backend
 from app.store.backends.postgres import PostgresBackend
 from app.store.backends.sqlite import SqliteBackend
 from app.store.claims.methods import ClaimMethods
+from app.store.codec import PLAIN, Codec
 from app.store.control.methods import ControlMethods
 from app.store.core import read_capability, read_revision
 from app.store.engine import create_store_engine
@@ -72,12 +73,14 @@ async def open_store(
     history: bool = True,
     worker: str | None = None,
     events: bool = False,
+    codec: Codec = PLAIN,
 ) -> SqlUpdateStore:
     """Open a store on a migrated database; `capability` is read from the live schema. On
     PostgreSQL, nonzero timeouts bound every statement of its connections (a statement past
     either raises StoreUnavailable). `pgbouncer`: `url` is PgBouncer in transaction pooling
     mode; `listen_url`: a direct URL for the wake-ups' LISTEN (see
-    `app.store.backends.postgres`)."""
+    `app.store.backends.postgres`); `codec`: what personal data is stored as (a key ring's
+    `Codec` encrypts it: docs/privacy.md)."""
     validate.table_name(table)
     engine = create_store_engine(
         url,
@@ -92,7 +95,9 @@ async def open_store(
     except BaseException:
         await engine.dispose()
         raise
-    return SqlUpdateStore(engine, table, revision, history=history, worker=worker, events=events)
+    return SqlUpdateStore(
+        engine, table, revision, history=history, worker=worker, events=events, codec=codec
+    )
 
 
 # What a server answers a connection with that no wait changes: a missing database or role,

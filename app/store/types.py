@@ -102,6 +102,9 @@ class DueUpdate:
     body: str
     update_type: str | None = None
     received_at: int | None = None
+    # Why the body could not be read (its key is not in the ring, or it was altered); `body`
+    # is then empty, and a worker ends the attempt rather than forward it (docs/privacy.md).
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,8 @@ class Claimed:
     counted: int
     # The update's trace (`NewUpdate.trace_context`): None when it has none, or below 0007.
     trace_context: str | None = None
+    # As `DueUpdate.unreadable`: the attempt is ended, never forwarded.
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,8 @@ class Exhaustion:
     deliveries: int = 0  # deliveries to exhaustion_url that failed so far
     # The update's trace (revision 0007): its delivery joins it. None when it has none.
     trace_context: str | None = None
+    # As `DueUpdate.unreadable`: `body` is empty, the exhaustion's receiver gets no update.
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

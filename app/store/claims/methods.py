@@ -81,8 +81,9 @@ class ClaimMethods(SqlCore):
         async with self._read() as connection:
             rows = (await connection.execute(statement)).all()
         return [
-            DueUpdate(row.bot, row.update_id, row.body, row.update_type, row.received_at)
+            DueUpdate(row.bot, row.update_id, body, row.update_type, row.received_at, unreadable)
             for row in rows
+            for body, unreadable in (self._body_or_why(row),)
         ]
 
     async def claim_owned(
@@ -157,15 +158,17 @@ class ClaimMethods(SqlCore):
         claimed = [
             Claimed(
                 identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
-                body=row.body,
+                body=body,
                 update_type=row.update_type,
                 queue_key=row.queue_key,
                 received_at=row.received_at,
                 counted=row.counted,
                 trace_context=getattr(row, "trace_context", None),  # None below 0007
+                unreadable=unreadable,
             )
             for row in rows
             if row.state == "processing"
+            for body, unreadable in (self._body_or_why(row),)
         ]
         claimed.sort(key=lambda c: (c.identity.bot, c.identity.update_id))
         return claimed

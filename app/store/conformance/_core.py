@@ -44,6 +44,13 @@ def _rule(name: str, level: Capability) -> Callable[[Rule], Rule]:
     return register
 
 
+def stored_key(store: object, queue_key: str) -> str:
+    """A queue key as the store reads it back: a store that keeps identifiers as keyed digests
+    (`codec`, docs/privacy.md) answers with the digest, which keeps equality."""
+    codec = getattr(store, "codec", None)
+    return queue_key if codec is None else str(codec.digest(queue_key))
+
+
 def _body(update_id: int) -> str:
     return f'{{"update_id": {update_id}, "message": {{"text": "u{update_id}"}}}}'
 

@@ -14,6 +14,7 @@ from app.store.conformance._core import (
     _record,
     _rule,
     _two_claims,
+    stored_key,
 )
 from app.store.contract import FencedUpdateStore, UpdateStore
 from app.store.types import ClaimIdentity, Completed, Failed, NewUpdate
@@ -152,7 +153,7 @@ async def _chat_ordering(store: FencedUpdateStore, f: _Findings) -> None:
                 BOT, update_id, _body(update_id), 0, update_type="message", queue_key=chat
             )
     await store.add(BOT, 10, _body(10), 0, update_type="poll")  # no queue: never held back
-    open_rows = {chat: list(ids) for chat, ids in chats.items()}
+    open_rows = {stored_key(store, chat): list(ids) for chat, ids in chats.items()}
     now = 10
     failed_once: set[int] = set()
     for _ in range(20):

@@ -3,7 +3,16 @@ upkeep beside them (refresh_statistics, reclaim_space)."""
 
 from __future__ import annotations
 
-from app.store.conformance._core import BOT, MAX, OTHER_BOT, _body, _Findings, _record, _rule
+from app.store.conformance._core import (
+    BOT,
+    MAX,
+    OTHER_BOT,
+    _body,
+    _Findings,
+    _record,
+    _rule,
+    stored_key,
+)
 from app.store.contract import UpdateStore
 from app.store.types import Completed, Failed, NewUpdate
 
@@ -53,7 +62,8 @@ async def _add_many(store: UpdateStore, f: _Findings) -> None:
     )
     other = await store.get_update(OTHER_BOT, 1)
     f.expect(
-        other is not None and (other.update_type, other.queue_key) == ("message", "7"),
+        other is not None
+        and (other.update_type, other.queue_key) == ("message", stored_key(store, "7")),
         f"a batch row's type and queue: {other!r}",
     )
     f.equal(await store.add_many([]), set(), "an empty batch")

@@ -4,6 +4,7 @@ methods whose transactions make them (`SqlCore._emit`, and the claims' own state
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import cast
 
@@ -13,9 +14,11 @@ from app.store import outbox as outbox_statements
 from app.store import validate
 from app.store.control import statements as control
 from app.store.core import SqlCore, check_lease
-from app.store.errors import UPGRADE_HINT, SchemaError
+from app.store.errors import UPGRADE_HINT, SchemaError, Undecryptable
 from app.store.events import statements as events
 from app.store.types import EventType, OperationalEvent, WebhookInfo
+
+log = logging.getLogger(__name__)
 
 
 class EventMethods(SqlCore):
@@ -41,18 +44,24 @@ class EventMethods(SqlCore):
         )
         async with self._write() as connection:
             rows = (await connection.execute(statement)).all()
-        taken = [
-            OperationalEvent(
-                id=row.id,
-                type=cast(EventType, row.type),
-                payload=outbox_statements.envelope(row.type, row.created_at, row.data),
-                created_at=row.created_at,
-                deliveries=row.deliveries,
-                lease_until=row.due_at,
-                trace_context=getattr(row, "trace_context", None),  # None below 0008
+        taken = []
+        for row in rows:
+            try:
+                data = outbox_statements.opened_data(row, self.codec)
+            except Undecryptable as error:  # kept, and tried again once its key is back
+                log.error("operational event %s not delivered: %s", row.id, error)
+                continue
+            taken.append(
+                OperationalEvent(
+                    id=row.id,
+                    type=cast(EventType, row.type),
+                    payload=outbox_statements.envelope(row.type, row.created_at, data),
+                    created_at=row.created_at,
+                    deliveries=row.deliveries,
+                    lease_until=row.due_at,
+                    trace_context=getattr(row, "trace_context", None),  # None below 0008
+                )
             )
-            for row in rows
-        ]
         return sorted(taken, key=lambda event: event.id)
 
     async def event_delivered(self, event: OperationalEvent, at: int) -> bool:

@@ -4,10 +4,11 @@ acknowledge) that commit batch by batch and record themselves once done."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Row, Update
+from sqlalchemy import ColumnElement, Row, Update, and_
 
 from app.store import outbox, validate
 from app.store.control import statements as control
@@ -51,7 +52,8 @@ class ExhaustionMethods(SqlCore):
         self.require("durable", "exhaust")
         identity, at = check_identity(identity), validate.millis("at", at)
         error, status = validate.text("error", error), validate.status("status", status)
-        statement = exhaustions.exhaust(self.table, identity=identity, at=at, error=error)
+        stored = self._sealed_error(identity.bot, identity.update_id, error)
+        statement = exhaustions.exhaust(self.table, identity=identity, at=at, error=stored)
 
         def created(row: Row[Any]) -> outbox.Made:
             return outbox.exhaustion(row, error=error, at=at, reason="failed", status_code=status)
@@ -63,7 +65,7 @@ class ExhaustionMethods(SqlCore):
             at=at,
             outcome="exhausted",
             status=status,
-            error=error,
+            error=stored,
         )
 
     async def due_exhaustions(
@@ -86,7 +88,7 @@ class ExhaustionMethods(SqlCore):
         )
         async with self._read() as connection:
             rows = (await connection.execute(statement)).all()
-        return [exhaustion_of(row) for row in rows]
+        return [self._exhaustion(row) for row in rows]
 
     async def take_exhaustions(
         self, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
@@ -106,7 +108,7 @@ class ExhaustionMethods(SqlCore):
         async with self._write() as connection:
             rows = (await connection.execute(statement)).all()
         return sorted(
-            (exhaustion_of(row) for row in rows),
+            (self._exhaustion(row) for row in rows),
             key=lambda e: (e.identity.bot, e.identity.update_id),
         )
 
@@ -129,7 +131,19 @@ class ExhaustionMethods(SqlCore):
         )
         return await self._changed(statement)
 
-    def _rule(self, selection: Selection) -> tuple[ColumnElement[bool], dict[str, Any]]:
+    def _exhaustion(self, row: Any) -> Exhaustion:
+        body, unreadable = self._body_or_why(row)
+        return Exhaustion(
+            identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
+            body=body,
+            error=self._error(row),
+            exhausted_at=row.exhausted_at,
+            deliveries=row.deliveries,
+            trace_context=getattr(row, "trace_context", None),  # None below 0007
+            unreadable=unreadable,
+        )
+
+    async def _rule(self, selection: Selection) -> tuple[ColumnElement[bool], dict[str, Any]]:
         if isinstance(selection, ExhaustionFilter):
             criteria = {
                 name: getattr(selection, name)
@@ -138,10 +152,34 @@ class ExhaustionMethods(SqlCore):
             }
             if "bots" in criteria:
                 criteria["bots"] = list(criteria["bots"])
-            return exhaustions.exhaustions_matching(self.table, selection), {"filter": criteria}
+            stored = dataclasses.replace(selection, chat=self.codec.digest_optional(selection.chat))
+            if selection.error_contains is not None and self.codec.encrypting:
+                # Sealed errors: the database selects by the other criteria, the store opens
+                # their errors and keeps the keys whose error holds the text.
+                others = dataclasses.replace(stored, error_contains=None)
+                rule = exhaustions.exhaustions_matching(self.table, others)
+                found = await self._errors_holding(rule, selection.error_contains)
+                return and_(rule, exhaustions.keys_in(self.table, found)), {"filter": criteria}
+            return exhaustions.exhaustions_matching(self.table, stored), {"filter": criteria}
         identities = [check_identity(identity) for identity in selection]
         keys = [f"{i.bot}/{i.update_id}/{i.attempt}" for i in identities]
         return exhaustions.exhaustions_exactly(self.table, identities), {"identities": keys}
+
+    async def _errors_holding(self, rule: ColumnElement[bool], text: str) -> list[tuple[str, int]]:
+        """The keys of the exhaustions `rule` selects whose opened error holds `text`, read a
+        page of BULK_BATCH at a time."""
+        found: list[tuple[str, int]] = []
+        after: Cursor = None
+        while True:
+            statement = exhaustions.errors_of_exhaustions(
+                self.table, rule, after=after, limit=BULK_BATCH
+            )
+            async with self._read() as connection:
+                rows = (await connection.execute(statement)).all()
+            found += [(row.bot, row.update_id) for row in rows if text in (self._error(row) or "")]
+            if len(rows) < BULK_BATCH:
+                return found
+            after = (rows[-1].bot, rows[-1].update_id)
 
     async def _dry_run(self, rule: ColumnElement[bool]) -> BulkOutcome:
         async with self._read() as connection:
@@ -149,7 +187,7 @@ class ExhaustionMethods(SqlCore):
             sample = await connection.execute(
                 exhaustions.sample_exhaustions(self.table, rule, limit=SAMPLE)
             )
-            return BulkOutcome(int(matched.scalar_one()), 0, [exhaustion_of(r) for r in sample])
+            return BulkOutcome(int(matched.scalar_one()), 0, [self._exhaustion(r) for r in sample])
 
     async def redrive(
         self,
@@ -243,7 +281,7 @@ class ExhaustionMethods(SqlCore):
         the rule, the cursor and the count so far; each its own transaction) until one comes
         up short, then one audit record of the whole."""
         at, by = validate.millis("at", at), check_actor(by)
-        rule, selected = self._rule(selection)
+        rule, selected = await self._rule(selection)
         if validate.flag("dry_run", dry_run):
             return await self._dry_run(rule)
         sample = (await self._dry_run(rule)).sample
@@ -278,17 +316,6 @@ class ExhaustionMethods(SqlCore):
                     data["identities"] = len(selected["identities"])
                 await self._emit(connection, [outbox.Made("redrive.finished", at, data)])
         return BulkOutcome(done, done, sample)
-
-
-def exhaustion_of(row: Any) -> Exhaustion:
-    return Exhaustion(
-        identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
-        body=row.body,
-        error=row.error,
-        exhausted_at=row.exhausted_at,
-        deliveries=row.deliveries,
-        trace_context=getattr(row, "trace_context", None),  # None below 0007
-    )
 
 
 def _bots(selection: Selection) -> list[str] | None:

@@ -140,6 +140,24 @@ def exhaustions_matching(t: Table, chosen: ExhaustionFilter) -> ColumnElement[bo
     return and_(*rules)
 
 
+def errors_of_exhaustions(
+    t: Table, rule: ColumnElement[bool], *, after: tuple[str, int] | None, limit: int
+) -> Select[Any]:
+    """The keys and errors of the next `limit` exhaustions the rule selects after the cursor,
+    in key order: where errors are sealed, the store searches them page by page itself."""
+    statement = select(t.c.bot, t.c.update_id, t.c.error).where(rule)
+    if after is not None:
+        statement = statement.where(tuple_(t.c.bot, t.c.update_id) > tuple_(*after))
+    return statement.order_by(t.c.bot, t.c.update_id).limit(limit)
+
+
+def keys_in(t: Table, keys: Sequence[tuple[str, int]]) -> ColumnElement[bool]:
+    """The rows of these keys (bot, update_id)."""
+    if not keys:
+        return false()
+    return tuple_(t.c.bot, t.c.update_id).in_(list(keys))
+
+
 def exhaustions_exactly(t: Table, identities: Sequence[ClaimIdentity]) -> ColumnElement[bool]:
     """The open exhaustions that hold exactly one of these identities."""
     if not identities:

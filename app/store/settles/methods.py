@@ -21,13 +21,14 @@ class SettleMethods(SqlCore):
             bot=validate.bot_name(bot),
             update_id=validate.update_id(update_id),
             attempt=validate.attempts("attempt", attempt),
-            settlement=check_settlement(settlement),
+            settlement=self._sealed_settlement(check_settlement(settlement), bot, update_id),
         )
         await self._changed(statement)
 
     async def settle_owned(self, identity: ClaimIdentity, settlement: Settlement) -> bool:
         self.require("fenced", "settle_owned")
         identity, settlement = check_identity(identity), check_settlement(settlement)
+        settlement = self._sealed_settlement(settlement, identity.bot, identity.update_id)
         statement = settles.settle_owned(self.table, identity=identity, settlement=settlement)
         return await self._ended(
             statement,
@@ -51,10 +52,13 @@ class SettleMethods(SqlCore):
         a later update to deliver (on SQLite: every settled key, which costs no query and
         misses none)."""
         self.require("fenced", "settle_many_owned")
-        checked = [
-            (check_identity(identity), check_settlement(settlement))
-            for identity, settlement in items
-        ]
+        checked = []
+        for identity, settlement in items:
+            identity = check_identity(identity)
+            settlement = check_settlement(settlement)
+            checked.append(
+                (identity, self._sealed_settlement(settlement, identity.bot, identity.update_id))
+            )
         keys = [(identity.bot, identity.update_id) for identity, _ in checked]
         if len(set(keys)) != len(keys):
             raise ValueError(f"keys {sorted(k for k in keys if keys.count(k) > 1)} repeat")

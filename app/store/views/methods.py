@@ -3,6 +3,7 @@ history, activity by time slot and the audit log."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -41,10 +42,19 @@ class ViewMethods(SqlCore):
             row = (await connection.execute(statement)).first()
         if row is None:
             return None
-        fields = row._mapping
-        return StoredUpdate(
-            **{name: fields.get(name) for name in StoredUpdate.__dataclass_fields__}
-        )
+        fields: dict[str, Any] = dict(row._mapping)
+        fields["body"], unreadable = self._body_or_why(row)
+        if unreadable is not None:
+            fields["body"] = None  # shown as absent, with why in place of its error
+            fields["error"] = f"[unreadable: {unreadable}]"
+        else:
+            fields["error"] = self._error(row)
+        chosen: dict[str, Any] = {n: fields.get(n) for n in StoredUpdate.__dataclass_fields__}
+        return StoredUpdate(**chosen)
+
+    def _summary(self, row: Any) -> StoredUpdate:
+        fields = {name: getattr(row, name) for name in views.SUMMARY}
+        return StoredUpdate(**(fields | {"error": self._error(row)}))
 
     async def stats(self) -> list[BotStats]:
         """Rows by bot and state, in bot order (one scan of the table: an operator's call)."""
@@ -81,17 +91,25 @@ class ViewMethods(SqlCore):
         if after is not None:
             after = _cursor(after)
         window = limit if chosen.contains is None else max(limit, SEARCH_WINDOW)
-        statement = views.search_updates(self.table, chosen, after=after, limit=window)
+        sealed = self.codec.encrypting
+        stored = dataclasses.replace(chosen, chat=self.codec.digest_optional(chosen.chat))
+        statement = views.search_updates(
+            self.table, stored, after=after, limit=window, sealed_bodies=sealed
+        )
         async with self._read() as connection:
             rows = (await connection.execute(statement)).all()
-        hits = [row for row in rows if row.hit]
+        if sealed and chosen.contains is not None:
+            # Opened here, within the window: the database holds ciphertext only.
+            hits = [row for row in rows if chosen.contains in self._body_or_why(row)[0]]
+        else:
+            hits = [row for row in rows if row.hit]
         if len(hits) >= limit:
             hits = hits[:limit]
             last = hits[-1]
         else:  # the window ran out first: go on after its last row, if it was full
             last = rows[-1] if len(rows) == window else None
         cursor = None if last is None else (last.received_at, last.bot, last.update_id)
-        return SearchPage([_summary(row) for row in hits], cursor)
+        return SearchPage([self._summary(row) for row in hits], cursor)
 
     async def attempt_history(self, bot: str, update_id: int) -> list[AttemptRecord] | None:
         """Every attempt of the update recorded so far, oldest first; None when no such update
@@ -118,7 +136,7 @@ class ViewMethods(SqlCore):
                 ended_at=record.ended_at,
                 outcome=history.read_end(record, current_attempt=row.attempts, leased=leased),
                 status_code=record.status_code,
-                error=record.error,
+                error=self._error(record),
                 worker=record.worker,
             )
             for record in records
@@ -176,7 +194,7 @@ class ViewMethods(SqlCore):
                 key_name=row.key_name,
                 action=row.action,
                 target=row.target,
-                detail=row.detail,
+                detail=self._audit_detail(row),
                 matched=row.matched,
                 changed=row.changed,
             )
@@ -187,10 +205,6 @@ class ViewMethods(SqlCore):
 def _slot_order(item: tuple[tuple[str, int], list[int]]) -> tuple[int, str]:
     (bot, slot), _ = item
     return slot, bot
-
-
-def _summary(row: Any) -> StoredUpdate:
-    return StoredUpdate(**{name: getattr(row, name) for name in views.SUMMARY})
 
 
 def _cursor(value: Any) -> SearchCursor:

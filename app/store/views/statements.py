@@ -67,13 +67,20 @@ SUMMARY = (
 
 
 def search_updates(
-    t: Table, chosen: UpdateFilter, *, after: SearchCursor | None, limit: int
+    t: Table,
+    chosen: UpdateFilter,
+    *,
+    after: SearchCursor | None,
+    limit: int,
+    sealed_bodies: bool = False,
 ) -> Select[Any]:
     """Rows matching `chosen`, newest first: (received_at, bot, update_id) descending, after the
     cursor. One branch per bot, each an ordered walk of the index its filters pick
     (`ix_received`, `ix_chat`, `ix_type`) that stops at `limit`, merged: the cost follows the
     page, not the table. With `contains`, `limit` rows are read and each says whether its body
-    holds the text (`hit`): the caller pages through a bounded window at a time."""
+    holds the text (`hit`): the caller pages through a bounded window at a time. With
+    `sealed_bodies` (encrypted at rest) the database cannot tell: each row comes with its
+    `body` for the caller to open and search."""
     branches = []
     for bot in chosen.bots:
         rules: list[ColumnElement[bool]] = [t.c.bot == bot]
@@ -91,11 +98,12 @@ def search_updates(
             rules.append(_after(t, bot, after))
         hit = (
             t.c.body.contains(chosen.contains, autoescape=True)
-            if chosen.contains is not None
+            if chosen.contains is not None and not sealed_bodies
             else literal(True)
         )
+        body = [t.c.body] if chosen.contains is not None and sealed_bodies else []
         branch = (
-            select(*(t.c[name] for name in SUMMARY), hit.label("hit"))
+            select(*(t.c[name] for name in SUMMARY), hit.label("hit"), *body)
             .where(*rules)
             .order_by(t.c.received_at.desc(), t.c.update_id.desc())
             .limit(limit)
