@@ -36,6 +36,7 @@ from pydantic_settings import (
 from app.api_keys import ApiKey, unnamed_label
 from app.bot_settings import BotOptions, BotSettings, check_signing_secret
 from app.logs import LogFormat
+from app.privacy.keyfiles import read_own_ring
 from app.privacy.keyring import (
     KeyRing,
     KeyRingError,
@@ -308,16 +309,22 @@ class Settings(BaseSettings, BotOptions):
         keys = _secret_or_file(self.encryption_keys, self.encryption_keys_file, "encryption_keys")
         index = _secret_or_file(self.index_key, self.index_key_file, "index_key")
         if keys is None and index is None:
+            try:  # the ring `run` made for its own SQLite file, if it made one
+                self._key_ring = read_own_ring(self.database_url)
+            except KeyRingError as error:
+                raise ValueError(str(error)) from None
             return self
-        if keys is None:
-            raise ValueError("index_key: set without encryption_keys, it would key nothing")
-        if index is None:
-            raise ValueError(
-                "index_key: required with encryption_keys (base64 of 32 random bytes, apart from"
-                " the encryption keys), to key the digests of chat and user ids"
-            )
         try:
-            self._key_ring = KeyRing(parse_keys(keys), parse_index_key(index))
+            parsed = None if keys is None else parse_keys(keys)
+            index_key = None if index is None else parse_index_key(index)
+            if parsed is None:
+                raise KeyRingError("index_key: set without encryption_keys, it would key nothing")
+            if index_key is None:
+                raise KeyRingError(
+                    "index_key: required with encryption_keys (base64 of 32 random bytes, apart"
+                    " from the encryption keys), to key the digests of chat and user ids"
+                )
+            self._key_ring = KeyRing(parsed, index_key)
         except KeyRingError as error:
             raise ValueError(str(error)) from None
         return self
@@ -325,6 +332,17 @@ class Settings(BaseSettings, BotOptions):
     @property
     def key_ring(self) -> KeyRing | None:
         return self._key_ring
+
+    @property
+    def encryption_problem(self) -> str | None:
+        """Why these settings store personal data as it is, in one line; None with a ring."""
+        if self._key_ring is not None:
+            return None
+        return (
+            "personal data is stored unencrypted: Telegram's Bot Developer Terms (4.4(a)) want "
+            "it encrypted at rest; set INTAKE_ENCRYPTION_KEYS and INTAKE_INDEX_KEY "
+            "(docs/privacy.md)"
+        )
 
     def with_key_ring(self, ring: KeyRing) -> Settings:
         """These settings with `ring` (one `run` made for its own SQLite file)."""
@@ -370,6 +388,8 @@ def describe(error: ValidationError) -> str:
     """One line per invalid field, naming it, for a start-up failure message."""
     lines = []
     for problem in error.errors():
-        field = ".".join(str(part) for part in problem["loc"]) or "settings"
-        lines.append(f"{field}: {problem['msg']}")
+        message = problem["msg"].removeprefix("Value error, ")
+        field = ".".join(str(part) for part in problem["loc"])
+        # A check of the whole names its field in its own words.
+        lines.append(f"{field}: {message}" if field else message)
     return "invalid configuration: " + "; ".join(lines)

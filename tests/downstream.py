@@ -192,6 +192,7 @@ async def dispatching(
         pgbouncer=settings.database_pgbouncer,
         listen_url=settings.listen_database_url,
         events=settings.operations_url is not None,
+        codec=settings.store_options()["codec"],
     )
     try:
         async with running_dispatcher(store, settings, monotonic_ns=monotonic_ns) as dispatcher:

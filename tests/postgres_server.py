@@ -139,6 +139,11 @@ class Cluster:
     def url(self, database: str = "postgres") -> str:
         return f"{self.base_url}/{database}"
 
+    @property
+    def data_directory(self) -> Path:
+        """Its data directory: the tables' files and the WAL (`pg_wal`)."""
+        return self._data
+
     def _run(self, *command: str) -> None:
         prefix = ["runuser", "-u", self._user, "--"] if self._user else []
         result = subprocess.run([*prefix, *command], capture_output=True, text=True, timeout=120)

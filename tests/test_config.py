@@ -410,7 +410,7 @@ def test_allowed_updates_must_be_update_types_of_the_bot_api(
     with pytest.raises(ValidationError) as raised:
         Settings()
     assert describe(raised.value).startswith(
-        "invalid configuration: allowed_updates: Value error, not update types of the Bot API: "
+        "invalid configuration: allowed_updates: not update types of the Bot API: "
         "'callback_querys' (did you mean 'callback_query'?)"
     )
     monkeypatch.setenv("INTAKE_ALLOWED_UPDATES", '["message", "chat_member", "guest_message"]')

@@ -24,8 +24,11 @@ from app.config import Settings
 from app.demo import demo_downstream
 from app.http.connection_limits import ConnectionLimits
 from app.http.server import server_config
+from app.privacy.keyfiles import make_own_ring
 from app.store import StoreError, migrate
 from app.store.engine import normalise_url
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[Settings, argparse.Namespace], int]
 # argparse's subparsers object (its class is not subscriptable at run time).
@@ -122,6 +125,29 @@ def _configuration_problem(settings: Settings, *, workers: bool, demo: bool) -> 
     return None
 
 
+def _encrypted(settings: Settings, *, own_ring: bool) -> Settings | str:
+    """The settings a process runs with as to personal data at rest (docs/privacy.md): `run`
+    on SQLite with no ring makes one of its own beside the database file (`own_ring`); with
+    no ring, a warning that names the terms, or, with require_encryption, the problem's
+    words."""
+    if settings.key_ring is None and own_ring:
+        made = make_own_ring(settings.database_url)
+        if made is not None:
+            ring, where = made
+            log.info(
+                "encryption at rest: this SQLite file's key ring is %s (mode 0600; keep it "
+                "out of the database's backups)",
+                where,
+            )
+            settings = settings.with_key_ring(ring)
+    problem = settings.encryption_problem
+    if problem is not None:
+        if settings.require_encryption:
+            return f"require_encryption: {problem}"
+        log.warning("%s", problem)
+    return settings
+
+
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     mounts: dict[str, ASGIApp] = {}
     listening: list[socket.socket] | None = None
@@ -139,9 +165,11 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         settings = polled
     problem = _configuration_problem(settings, workers=workers, demo=args.demo)
     problem = problem or _tracing_problem(args.command)
-    if problem:
-        print(problem, file=sys.stderr)
+    encrypted = _encrypted(settings, own_ring=workers) if problem is None else problem
+    if isinstance(encrypted, str):
+        print(encrypted, file=sys.stderr)
         return 2
+    settings = encrypted
     if normalise_url(settings.database_url).get_backend_name() == "sqlite":
         # The embedded default migrates itself; PostgreSQL is migrated by the operator.
         migrate.upgrade(settings.database_url, table=settings.table)
@@ -191,9 +219,11 @@ def _tracing_problem(role: str) -> str | None:
 def _worker(settings: Settings, _args: argparse.Namespace) -> int:
     problem = _configuration_problem(settings, workers=True, demo=False)
     problem = problem or _tracing_problem("worker")
-    if problem:
-        print(problem, file=sys.stderr)
+    encrypted = _encrypted(settings, own_ring=False) if problem is None else problem
+    if isinstance(encrypted, str):
+        print(encrypted, file=sys.stderr)
         return 2
+    settings = encrypted
     from app.worker import run_worker
 
     try:

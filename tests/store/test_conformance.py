@@ -11,7 +11,7 @@ from app.store import SqlUpdateStore, UpdateStore, open_store
 from app.store.codec import PLAIN, Codec
 from app.store.conformance.check import check_update_store
 from tests.conftest import Storage
-from tests.privacy import test_ring
+from tests.privacy.rings import test_ring
 from tests.store.broken_stores import CONTROLS
 
 
