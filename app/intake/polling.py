@@ -33,6 +33,7 @@ from app.bot_settings import BotSettings
 from app.config import Settings
 from app.intake.updates import classify
 from app.metrics import Metrics
+from app.privacy.subjects import subjects_of
 from app.store import NewUpdate, StoreError, validate
 from app.store.polling.roles import Polling
 
@@ -176,7 +177,17 @@ class Poller:
                 continue
             update_type, queue_key = classify(update)
             body = json.dumps(update, ensure_ascii=False, separators=(",", ":"))
-            rows.append(NewUpdate(self.bot.name, update_id, body, now, update_type, queue_key))
+            rows.append(
+                NewUpdate(
+                    self.bot.name,
+                    update_id,
+                    body,
+                    now,
+                    update_type,
+                    queue_key,
+                    subjects=subjects_of(update),
+                )
+            )
         return rows
 
     def _after(self, error: bot_api.BotApiError, failures: int) -> float:

@@ -52,6 +52,7 @@ from app.intake.committer import CommitFailed, GroupCommitter
 from app.intake.updates import classify
 from app.metric_labels import UNKNOWN_BOT, IntakeResult
 from app.metrics import IntakeMeters, Metrics
+from app.privacy.subjects import subjects_of
 from app.store import NewUpdate
 from app.store.validate import MAX_BIGINT
 
@@ -225,12 +226,20 @@ class Intake:
         if update is None:
             return "invalid", Answer.error(400, problem)
         update_type, queue_key = classify(update)
+        subjects = subjects_of(update)
         trace_context = None
         if span is not None:
             span.set_attribute(tracing.UPDATE_ID, update["update_id"])
             trace_context = tracing.traceparent(span)
         row = NewUpdate(
-            bot, update["update_id"], text, received_at, update_type, queue_key, trace_context
+            bot,
+            update["update_id"],
+            text,
+            received_at,
+            update_type,
+            queue_key,
+            trace_context,
+            subjects,
         )
         # While it waits for the commit, a request holds its row's text and nothing more.
         del body, update

@@ -23,7 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 
 from app.store.predicates import Upsert
-from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
+from app.store.records.statements import RecordedRow
+from app.store.types import ClaimIdentity, Ordering, Settlement
 
 Numbers = dict[str, int]  # claim_next_owned's now, lease_until, max_attempts, limit and window
 
@@ -119,7 +120,7 @@ class Backend(ABC):
 
     @abstractmethod
     async def add_many(
-        self, rows: Sequence[NewUpdate], *, guard: Update | None = None
+        self, rows: Sequence[RecordedRow], *, guard: Update | None = None
     ) -> Sequence[Any] | None:
         """In a write transaction of its own: insert new keys as pending; the rows (bot,
         update_id) that were new. With `guard` (an UPDATE ... RETURNING), run it first in the

@@ -23,6 +23,7 @@ from app.store import outbox as outbox_statements
 from app.store.backend import Backend, History
 from app.store.codec import PLAIN, Codec
 from app.store.errors import UPGRADE_HINT, SchemaError, Undecryptable, translated_errors
+from app.store.records.statements import RecordedRow
 from app.store.schema import (
     BESIDE_WIDENED,
     DEFAULT_TABLE,
@@ -210,23 +211,28 @@ class SqlCore:
 
     # -- personal data: every column that holds it is written and read here (app.store.codec) --
 
-    def _sealed_rows(self, rows: Sequence[NewUpdate]) -> Sequence[NewUpdate]:
-        """New rows as stored: bodies sealed, queue keys digested."""
+    def _stored_rows(self, rows: Sequence[NewUpdate]) -> list[RecordedRow]:
+        """New rows as stored: bodies sealed, queue keys and subjects digested."""
         codec = self.codec
-        if not codec.encrypting:
-            return rows
         return [
-            NewUpdate(
+            RecordedRow(
                 row.bot,
                 row.update_id,
                 codec.seal(row.body, f"body:{row.bot}:{row.update_id}"),
-                row.received_at,
                 row.update_type,
                 codec.digest_optional(row.queue_key),
+                row.received_at,
                 row.trace_context,
+                self._stored_subjects(row.subjects),
             )
             for row in rows
         ]
+
+    def _stored_subjects(self, subjects: Sequence[int]) -> str | None:
+        """The `subjects` column: each id as stored, between spaces (a LIKE finds one)."""
+        if not subjects:
+            return None
+        return " " + " ".join(self.codec.digest(str(subject)) for subject in subjects) + " "
 
     def _body(self, row: Any) -> str:
         """A read row's body (bot, update_id, body), opened."""

@@ -33,12 +33,15 @@ class Made(NamedTuple):
     at: int
     data: dict[str, Any]
     trace_context: str | None = None
+    # The update it tells of (bot, update_id): erasing the update erases the event (0009).
+    update: tuple[str, int] | None = None
 
 
 def record(events: Table, made: Sequence[Made], codec: Codec = PLAIN) -> Insert:
     """New events, each due for delivery at once; their data sealed (an exhaustion's error may
     echo a user's words), bound to the event's type and time (`opened_data` reads it)."""
     traced = "trace_context" in events.c  # revision 0008
+    keyed = "update_id" in events.c  # revision 0009
     rows = [
         {
             "type": event.type,
@@ -46,10 +49,16 @@ def record(events: Table, made: Sequence[Made], codec: Codec = PLAIN) -> Insert:
             "created_at": event.at,
             "due_at": event.at,
             **({"trace_context": event.trace_context} if traced else {}),
+            **(_update_columns(event) if keyed else {}),
         }
         for event in made
     ]
     return insert(events).values(rows)
+
+
+def _update_columns(event: Made) -> dict[str, Any]:
+    bot, update_id = event.update or (None, None)
+    return {"bot": bot, "update_id": update_id}
 
 
 def opened_data(row: Any, codec: Codec) -> str:
@@ -74,7 +83,8 @@ def exhaustion(row: Any, *, error: str, at: int, reason: str, **more: Any) -> Ma
         error, at, reason,
     )  # fmt: skip
     data = dict(zip(EXHAUSTION_FIELDS, values, strict=True)) | more
-    return Made("exhaustion.created", at, data, getattr(row, "trace_context", None))
+    trace = getattr(row, "trace_context", None)
+    return Made("exhaustion.created", at, data, trace, (row.bot, row.update_id))
 
 
 def spent_rows(rows: Sequence[Any], *, now: int) -> list[Made]:
@@ -102,5 +112,8 @@ def spent_in_claim(events: Table, claimed: CTE, *, now: Any) -> Insert:
     if "trace_context" in events.c and "trace_context" in c:  # revisions 0008 and 0007
         columns.append(c.trace_context)
         names.append("trace_context")
+    if "update_id" in events.c:  # revision 0009
+        columns += [c.bot, c.update_id]
+        names += ["bot", "update_id"]
     source = select(*columns).where(c.state == "abandoned")
     return insert(events).from_select(names, source)

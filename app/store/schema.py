@@ -50,8 +50,8 @@ from app.store import validate
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
-Revision = Literal["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]
-HEAD: Revision = "0008"
+Revision = Literal["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009"]
+HEAD: Revision = "0009"
 # What each revision adds, in order: `revision_of` reads a live schema by it (the columns of
 # the updates table, the tables beside it by their suffix, and their columns).
 ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
@@ -62,13 +62,16 @@ ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0006": ("queue_rule",),
     "0007": ("trace_context",),
     "0008": (),
+    "0009": ("subjects", "erased_at"),
 }
 ADDED_TABLES: dict[Revision, tuple[str, ...]] = {
     "0004": ("_attempts", "_bots", "_audit", "_events"),
     "0005": ("_audit_bots", "_sessions"),
+    "0009": ("_erasures", "_keys"),
 }
 ADDED_COLUMNS_BESIDE: dict[Revision, dict[str, tuple[str, ...]]] = {
     "0008": {"_events": ("trace_context",)},
+    "0009": {"_events": ("bot", "update_id")},
 }
 # The tables beside it whose columns a later revision widened: what `revision_of` reads.
 BESIDE_WIDENED = sorted({suffix for added in ADDED_COLUMNS_BESIDE.values() for suffix in added})
@@ -79,6 +82,10 @@ QUEUE_RULE = 1
 # attempt whose lease lapsed before it ended: a reader calls that one "lost").
 OUTCOMES = ("completed", "failed", "abandoned", "exhausted", "handed_back", "parked")
 OUTCOME_CHECK = "outcome IN (" + ", ".join(f"'{o}'" for o in OUTCOMES) + ")"
+
+# Erasure jobs (revision 0009, docs/privacy.md): what an erasure concerns, and where it is.
+ERASURE_KINDS = ("user", "chat", "bot")
+ERASURE_STATES = ("pending", "running", "done")
 
 # Rows a worker may still deliver; the ordering index and chat ordering only look at these.
 NON_TERMINAL = "state IN ('pending', 'processing', 'failed')"
@@ -120,6 +127,14 @@ def sessions_table_name(table: str) -> str:
     return f"{table}_sessions"
 
 
+def erasures_table_name(table: str) -> str:
+    return f"{table}_erasures"
+
+
+def keys_table_name(table: str) -> str:
+    return f"{table}_keys"
+
+
 def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> MetaData:
     """Metadata holding the updates table (and, from 0004, the tables beside it) as they stand
     at `revision`."""
@@ -158,6 +173,14 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         # The trace the update belongs to: the W3C traceparent of the intake's span for the
         # request that recorded it; NULL when tracing was off there (docs/contract.md 15).
         columns.append(Column("trace_context", Text, nullable=True))
+    if revision >= "0009":
+        # Personal data (docs/privacy.md): every user and chat id the update names, each as
+        # stored (a keyed digest with a key ring), space-separated between spaces, which an
+        # erasure and a search by user match; NULL for a row recorded before this revision.
+        # erased_at: when its body (and its history's errors) were erased, by retention or
+        # on request; the row stays for dedupe and history.
+        columns.append(Column("subjects", Text, nullable=True))
+        columns.append(Column("erased_at", BigInteger, nullable=True))
     updates = Table(
         table,
         metadata,
@@ -217,6 +240,8 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         _add_operator_tables(metadata, table, revision)
     if revision >= "0005":
         _add_access_tables(metadata, table)
+    if revision >= "0009":
+        _add_privacy_tables(metadata, table)
     return metadata
 
 
@@ -303,13 +328,30 @@ def _add_operator_tables(metadata: MetaData, table: str, revision: Revision) -> 
         # Revision 0008: the trace of the update the event tells of (its row's trace_context,
         # copied in the transaction that makes the event); NULL for any other event.
         *([Column("trace_context", Text, nullable=True)] if revision >= "0008" else []),
+        # Revision 0009: the update an event tells of (exhaustion.created), so that erasing
+        # the update erases its events; NULL for every other event.
+        *_event_update_columns(revision),
     )
+    if revision >= "0009":
+        Index(
+            f"ix_{events}_update",
+            events_table.c.bot,
+            events_table.c.update_id,
+            postgresql_where=text("update_id IS NOT NULL"),
+            sqlite_where=text("update_id IS NOT NULL"),
+        )
     Index(
         f"ix_{events}_due",
         events_table.c.due_at,
         postgresql_where=text("delivered_at IS NULL"),
         sqlite_where=text("delivered_at IS NULL"),
     )
+
+
+def _event_update_columns(revision: Revision) -> list[Column[Any]]:
+    if revision < "0009":
+        return []
+    return [Column("bot", Text, nullable=True), Column("update_id", BigInteger, nullable=True)]
 
 
 def _add_access_tables(metadata: MetaData, table: str) -> None:
@@ -341,6 +383,61 @@ def _add_access_tables(metadata: MetaData, table: str) -> None:
         PrimaryKeyConstraint("id", name=f"pk_{sessions}"),
     )
     Index(f"ix_{sessions}_seen", sessions_table.c.seen_at)
+
+
+def _add_privacy_tables(metadata: MetaData, table: str) -> None:
+    """Revision 0009 (personal data, docs/privacy.md): erasure jobs and the key registry."""
+    erasures = erasures_table_name(table)
+    erasures_table = Table(
+        erasures,
+        metadata,
+        Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+        Column("bot", Text, nullable=False),
+        Column("kind", Text, nullable=False),
+        # The id erased, as the rows store it (a digest with a key ring), and sealed for the
+        # erasure.completed event; both NULL once the job is done: no id outlives it here.
+        Column("subject", Text, nullable=True),
+        Column("subject_sealed", Text, nullable=True),
+        Column("dry_run", Integer, nullable=False, server_default=text("0")),
+        Column("requested_at", BigInteger, nullable=False),
+        Column("requested_by", Text, nullable=False),
+        Column("state", Text, nullable=False),
+        # The running job's lease (one process at a time) and its cursor: the last update_id
+        # it finished, so that a job taken over goes on where it stopped.
+        Column("due_at", BigInteger, nullable=False),
+        Column("after_update_id", BigInteger, nullable=True),
+        Column("updates", BigInteger, nullable=False, server_default=text("0")),
+        Column("attempts", BigInteger, nullable=False, server_default=text("0")),
+        Column("events", BigInteger, nullable=False, server_default=text("0")),
+        Column("finished_at", BigInteger, nullable=True),
+        CheckConstraint(
+            "kind IN (" + ", ".join(f"'{k}'" for k in ERASURE_KINDS) + ")",
+            name=f"ck_{erasures}_kind",
+        ),
+        CheckConstraint(
+            "state IN (" + ", ".join(f"'{s}'" for s in ERASURE_STATES) + ")",
+            name=f"ck_{erasures}_state",
+        ),
+    )
+    Index(
+        f"ix_{erasures}_due",
+        erasures_table.c.due_at,
+        postgresql_where=text("state <> 'done'"),
+        sqlite_where=text("state <> 'done'"),
+    )
+    keys = keys_table_name(table)
+    Table(
+        keys,
+        metadata,
+        # Every key id any process has sealed values under (registered at its start), and
+        # the last count of values under it: a process whose ring lacks a key that may still
+        # hold values refuses to start, and a key counted at 0 can leave the ring.
+        Column("key_id", Text, nullable=False),
+        Column("registered_at", BigInteger, nullable=False),
+        Column("counted_at", BigInteger, nullable=True),
+        Column("stored_values", BigInteger, nullable=True),
+        PrimaryKeyConstraint("key_id", name=f"pk_{keys}"),
+    )
 
 
 def revision_of(

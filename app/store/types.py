@@ -185,6 +185,9 @@ class NewUpdate:
     queue_key: str | None = None
     # The W3C traceparent of the span that recorded it (tracing on), from revision 0007.
     trace_context: str | None = None
+    # Every user and chat id it names (`app.privacy.subjects`), from revision 0009: what an
+    # erasure and a search by user find it by.
+    subjects: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         validate.bot_name(self.bot)
@@ -194,6 +197,10 @@ class NewUpdate:
         validate.optional_text("update_type", self.update_type)
         validate.optional_text("queue_key", self.queue_key)
         validate.trace_context(self.trace_context)
+        if not isinstance(self.subjects, tuple) or any(
+            type(subject) is not int for subject in self.subjects
+        ):
+            raise ValueError(f"subjects {self.subjects!r:.80} is not a tuple of ids")
 
 
 # -- operator control (revision 0004) -----------------------------------------------------------

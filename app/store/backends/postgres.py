@@ -81,7 +81,8 @@ from app.store.backends.postgres_statements import (
     settle_many_parameters,
 )
 from app.store.claims import statements as claims
-from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
+from app.store.records.statements import RecordedRow
+from app.store.types import ClaimIdentity, Ordering, Settlement
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class PostgresBackend(Backend):
         return driver_sql(self.engine, statement, expanded=True, positional=True)
 
     async def add_many(
-        self, rows: Sequence[NewUpdate], *, guard: Update | None = None
+        self, rows: Sequence[RecordedRow], *, guard: Update | None = None
     ) -> Sequence[Any] | None:
         arrays = add_arrays(rows)
         if guard is None:

@@ -30,8 +30,9 @@ from sqlalchemy.dialects.postgresql import ARRAY, OID
 from app.store import history
 from app.store.predicates import live, matches
 from app.store.records import statements as records
+from app.store.records.statements import RecordedRow
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, NewUpdate, Settlement
+from app.store.types import ClaimIdentity, Settlement
 
 # The database's own counters of each table (a view of the statistics system).
 STAT_USER_TABLES = catalog_view(
@@ -76,7 +77,7 @@ def add(t: Table, channel: str | None = None) -> Any:
     return select(rows.c.bot, rows.c.update_id, func.pg_notify(channel, ""))
 
 
-def add_arrays(rows: Sequence[NewUpdate]) -> dict[str, list[Any]]:
+def add_arrays(rows: Sequence[RecordedRow]) -> dict[str, list[Any]]:
     """The parameters of `add` for these rows, as parallel arrays."""
     return {f"batch_{name}": [getattr(row, name) for row in rows] for name in records.ADD_COLUMNS}
 

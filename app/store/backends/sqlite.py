@@ -51,8 +51,9 @@ from app.store.backends.sqlite_statements import (
 from app.store.backends.sqlite_writer import Prepared, Result, Transaction, Writer
 from app.store.claims import statements as claims
 from app.store.history import ended_many
+from app.store.records.statements import RecordedRow
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, NewUpdate, Ordering, Settlement
+from app.store.types import ClaimIdentity, Ordering, Settlement
 
 
 class SqliteBackend(Backend):
@@ -113,7 +114,7 @@ class SqliteBackend(Backend):
                 transaction.execute(outbox.record(self._outbox, spent))
 
     async def add_many(
-        self, rows: Sequence[NewUpdate], *, guard: Update | None = None
+        self, rows: Sequence[RecordedRow], *, guard: Update | None = None
     ) -> Sequence[Any] | None:
         statement, inserted, batch = self._add, self._inserted, add_rows(rows)
         assert statement is not None, "prepare() first"

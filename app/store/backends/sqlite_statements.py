@@ -29,8 +29,9 @@ from sqlalchemy.sql.expression import FromClause
 from app.store import history
 from app.store.predicates import identity_is, in_state
 from app.store.records import statements as records
+from app.store.records.statements import RecordedRow
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, NewUpdate
+from app.store.types import ClaimIdentity
 
 
 def add(t: Table) -> Insert:
@@ -51,7 +52,7 @@ def inserted(t: Table) -> Select[Any]:
     return records.recorded(t, _json_batch(records.KEY_COLUMNS)).where(rowid > after)
 
 
-def add_rows(rows: Sequence[NewUpdate]) -> dict[str, str]:
+def add_rows(rows: Sequence[RecordedRow]) -> dict[str, str]:
     """The parameter of `add` for these rows."""
     columns = records.ADD_COLUMNS
     return json_batch(columns, [{name: getattr(row, name) for name in columns} for row in rows])

@@ -40,7 +40,7 @@ class RecordMethods(SqlCore):
         if not rows:
             return set()
         with translated_errors(self.table.name):
-            added = await self._backend.add_many(self._sealed_rows(rows))
+            added = await self._backend.add_many(self._stored_rows(rows))
         assert added is not None  # no guard
         return {(row.bot, row.update_id) for row in added}
 
