@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 
 from app.store.claims.roles import Claims, FencedClaims
 from app.store.control.roles import Control
+from app.store.erasures.roles import Erasures
 from app.store.events.roles import Events
 from app.store.exhaustions.roles import BulkExhaustions, Exhaustions
 from app.store.lifecycle import Lifecycle
@@ -59,6 +60,7 @@ class OperatorStore(
     Events,
     Polling,
     Sessions,
+    Erasures,
     Protocol,
 ):
     """Operator control (docs/contract.md section 9), part of the durable level from revision

@@ -33,7 +33,9 @@ from app.store.schema import (
     audit_bots_table_name,
     audit_table_name,
     bots_table_name,
+    erasures_table_name,
     events_table_name,
+    keys_table_name,
     make_metadata,
     revision_of,
     sessions_table_name,
@@ -190,6 +192,9 @@ class SqlCore:
         # Revision 0005's (None below it): the bots of audit entries, the console's sessions.
         self.audit_bots_table: Table | None = tables.get(audit_bots_table_name(table))
         self.sessions_table: Table | None = tables.get(sessions_table_name(table))
+        # Revision 0009's (None below it): erasure jobs and the key registry.
+        self.erasures_table: Table | None = tables.get(erasures_table_name(table))
+        self.keys_table: Table | None = tables.get(keys_table_name(table))
 
     def _history(self) -> History | None:
         if self.attempts_table is None or not self.keeps_history:

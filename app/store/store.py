@@ -26,6 +26,7 @@ from app.store.codec import PLAIN, Codec
 from app.store.control.methods import ControlMethods
 from app.store.core import read_capability, read_revision
 from app.store.engine import create_store_engine
+from app.store.erasures.methods import ErasureMethods
 from app.store.errors import StoreUnavailable
 from app.store.events.methods import EventMethods
 from app.store.exhaustions.methods import ExhaustionMethods
@@ -51,6 +52,7 @@ class SqlUpdateStore(
     EventMethods,
     PollingMethods,
     SessionMethods,
+    ErasureMethods,
 ):
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema. Each
     family's methods stand on `SqlCore` alone: none calls another family's."""

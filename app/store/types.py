@@ -357,6 +357,7 @@ EventType = Literal[
     "bot.resumed",
     "redrive.finished",
     "telegram.webhook_error",
+    "erasure.completed",
 ]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 
@@ -404,3 +405,27 @@ class AuditEntry:
     detail: str | None
     matched: int | None
     changed: int | None
+
+
+# -- personal data (revision 0009) ---------------------------------------------------------------
+
+ErasureKind = Literal["user", "chat", "bot"]
+ErasureState = Literal["pending", "running", "done"]
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """An erasure job as it stands (`request_erasure`, `get_erasure`): what it erases (never
+    which id), where it is, and what it erased (or, for a dry run, would erase) so far."""
+
+    id: int
+    bot: str
+    kind: ErasureKind
+    dry_run: bool
+    state: ErasureState
+    requested_at: int
+    requested_by: str
+    finished_at: int | None
+    updates: int
+    attempts: int
+    events: int

@@ -666,3 +666,51 @@ class SignOutIsLocal(SqlUpdateStore):
 
 
 CONTROLS[SignOutIsLocal] = "a console session lives until sign-out, its idle time or its lifetime"
+
+
+# -- personal data (revision 0009) --------------------------------------------------------------
+
+ERASE = "an erasure takes every update naming its subject, its history and events"
+
+
+class ErasureByChatOnly(SqlUpdateStore):
+    """An erasure that finds a user by the chat of their private messages (the queue key) and
+    misses them everywhere else: a reply to them, a contact card, a group they joined."""
+
+    def _names(self, row: Any, subject: str | None) -> bool:
+        return subject is None or row.subjects.split()[0] == subject
+
+
+CONTROLS[ErasureByChatOnly] = ERASE
+
+
+class ErasureKeepsHistory(SqlUpdateStore):
+    """An erasure that deletes the updates but leaves their attempt history behind."""
+
+    async def _erase_batch(self, connection: Any, keys: Any, *, dry_run: bool) -> dict[str, int]:
+        attempts, self.attempts_table = self.attempts_table, None
+        try:
+            return await super()._erase_batch(connection, keys, dry_run=dry_run)
+        finally:
+            self.attempts_table = attempts
+
+
+CONTROLS[ErasureKeepsHistory] = ERASE
+
+
+class ErasureWithoutItsLease(SqlUpdateStore):
+    """Every process works on every unfinished erasure, held or not."""
+
+    async def work_on_erasures(self, now: Any, *, lease_ms: int) -> list[Any]:
+        from app.store.erasures import statements as erasures
+
+        take = erasures.take_erasure
+
+        def take_held_too(table: Table, *, now: int, lease_until: int) -> Any:
+            return take(table, now=2**62, lease_until=lease_until)
+
+        with mock.patch.object(erasures, "take_erasure", take_held_too):
+            return await super().work_on_erasures(now, lease_ms=lease_ms)
+
+
+CONTROLS[ErasureWithoutItsLease] = "an erasure whose worker died goes on once its lease lapses"

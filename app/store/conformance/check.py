@@ -17,6 +17,7 @@ from app.store.conformance import (  # noqa: F401 (each family's rules register 
     access,
     claims,
     control,
+    erasures,
     events,
     exhaustions,
     polling,

@@ -1,0 +1,1 @@
+"""Erasure on request (revision 0009): its protocol, statements and methods."""
