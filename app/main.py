@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -55,6 +56,7 @@ def create_app(
             )
             stack.push_async_callback(store.close)
             settings.check_schema(store)
+            await store.check_key_ring(at=time.time_ns() // 1_000_000)
             dispatcher: Dispatcher | None = None
             if workers:
                 dispatcher = await stack.enter_async_context(

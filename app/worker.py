@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import uvicorn
@@ -39,6 +40,7 @@ async def run_worker(settings: Settings) -> None:
     )
     metrics = Metrics.of(settings)
     try:
+        await store.check_key_ring(at=time.time_ns() // 1_000_000)
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for number in (signal.SIGTERM, signal.SIGINT):

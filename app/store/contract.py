@@ -26,6 +26,7 @@ from app.store.control.roles import Control
 from app.store.erasures.roles import Erasures
 from app.store.events.roles import Events
 from app.store.exhaustions.roles import BulkExhaustions, Exhaustions
+from app.store.keys.roles import Keys
 from app.store.lifecycle import Lifecycle
 from app.store.polling.roles import Polling
 from app.store.records.roles import Records
@@ -61,6 +62,7 @@ class OperatorStore(
     Polling,
     Sessions,
     Erasures,
+    Keys,
     Protocol,
 ):
     """Operator control (docs/contract.md section 9), part of the durable level from revision

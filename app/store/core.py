@@ -233,11 +233,10 @@ class SqlCore:
             for row in rows
         ]
 
-    def _stored_subjects(self, subjects: Sequence[int]) -> str | None:
-        """The `subjects` column: each id as stored, between spaces (a LIKE finds one)."""
-        if not subjects:
-            return None
-        return " " + " ".join(self.codec.digest(str(subject)) for subject in subjects) + " "
+    def _stored_subjects(self, subjects: Sequence[int]) -> str:
+        """The `subjects` column: each id as stored, between spaces (a LIKE finds one); " "
+        for an update that names no one (NULL is kept for rows recorded before 0009)."""
+        return " " + "".join(self.codec.digest(str(subject)) + " " for subject in subjects)
 
     def _body(self, row: Any) -> str:
         """A read row's body (bot, update_id, body), opened."""

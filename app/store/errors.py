@@ -6,6 +6,8 @@ turns them into these.
     │                          (the message names `alembic upgrade head`)
     ├── Undecryptable          a stored value's key is not in the ring, or the value was
     │                          altered: never read as plaintext (docs/privacy.md)
+    ├── MissingKeys            the ring lacks keys that stored values may be sealed under:
+    │                          a process refuses to start rather than fail on each value
     └── StoreUnavailable       the database cannot be reached or did not answer in time;
         │                      the caller may retry (every write is idempotent or fenced)
         └── StoreBusy          SQLite: another process held the write lock past the busy timeout
@@ -37,6 +39,10 @@ class SchemaError(StoreError):
 class Undecryptable(StoreError):
     """A stored value that the key ring cannot open: its key id is not in the ring, or the
     value, its row or its column was altered (AES-GCM's tag says which is unknowable)."""
+
+
+class MissingKeys(StoreError):
+    """The key ring lacks keys that the key registry says may still hold values."""
 
 
 class StoreUnavailable(StoreError):

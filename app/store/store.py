@@ -30,6 +30,7 @@ from app.store.erasures.methods import ErasureMethods
 from app.store.errors import StoreUnavailable
 from app.store.events.methods import EventMethods
 from app.store.exhaustions.methods import ExhaustionMethods
+from app.store.keys.methods import KeyMethods
 from app.store.polling.methods import PollingMethods
 from app.store.records.methods import RecordMethods
 from app.store.schema import DEFAULT_TABLE
@@ -53,6 +54,7 @@ class SqlUpdateStore(
     PollingMethods,
     SessionMethods,
     ErasureMethods,
+    KeyMethods,
 ):
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema. Each
     family's methods stand on `SqlCore` alone: none calls another family's."""

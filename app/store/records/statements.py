@@ -52,7 +52,7 @@ class RecordedRow(NamedTuple):
     queue_key: str | None
     received_at: int
     trace_context: str | None
-    subjects: str | None
+    subjects: str
 
 
 def add_many(t: Table, batch: FromClause, upsert: Upsert) -> Insert:

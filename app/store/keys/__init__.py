@@ -1,0 +1,1 @@
+"""The key ring in the database (revision 0009): registry, counts, re-encryption."""
