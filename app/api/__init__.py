@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from app.api import claims, control, operations
+from app.api import claims, control, erasures, operations
 from app.api.deps import Credentials, Services, authenticated
 from app.api.errors import install_errors
 from app.api.lean import LeanHandler, lean_handlers
@@ -29,6 +29,7 @@ def install(app: FastAPI) -> None:
     app.include_router(claims.router)
     app.include_router(operations.router)
     app.include_router(control.router)
+    app.include_router(erasures.router)
     install_errors(app)
 
     @app.get("/openapi.json", include_in_schema=False)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from app import logs
-from app.cli import control, exhaustion_actions, operations, service, telegram
+from app.cli import control, exhaustion_actions, operations, privacy, service, telegram
 from app.cli.service import Handler, run_loop
 from app.config import Settings, describe
 
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     exhaustions = operations.add_commands(commands)
     exhaustion_actions.add_exhaustion_actions(exhaustions)
     control.add_commands(commands)
+    privacy.add_commands(commands)
     return parser
 
 

@@ -54,6 +54,10 @@ def set_up(dbapi_connection: Any) -> None:
     # chat's range of ix_chat), and a cache smaller than their working set rereads pages
     # for every row.
     cursor.execute("PRAGMA cache_size = -65536")
+    # What a delete or an update frees (an erasure, a retention, a re-encryption, a prune) is
+    # overwritten with zeros, not left in free space for a reader of the file to find
+    # (docs/privacy.md); the WAL keeps old pages until its next checkpoint.
+    cursor.execute("PRAGMA secure_delete = ON")
     cursor.close()
 
 

@@ -87,7 +87,9 @@ class ErasureMethods(SqlCore):
         """Take each unfinished job no process holds, oldest first, and work it to its end,
         batch by batch; the jobs finished. A job whose lease another process took over is left
         to it. `now`: the database's clock, in epoch ms."""
-        table = self._erasures("work_on_erasures")
+        if self.erasures_table is None:
+            return []  # below revision 0009: no job can have been requested
+        table = self.erasures_table
         lease_ms = validate.positive("lease_ms", lease_ms)
         finished: list[Erasure] = []
         while True:

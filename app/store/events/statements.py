@@ -20,8 +20,10 @@ from sqlalchemy import (
     Table,
     Update,
     and_,
+    case,
     delete,
     func,
+    literal,
     or_,
     select,
     update,
@@ -64,11 +66,15 @@ def _leased(events: Table, event_id: int, lease_until: int) -> Any:
 
 
 def delivered(events: Table, *, event_id: int, lease_until: int, at: int) -> Update:
+    """Delivered: never sent again. An erasure's event forgets the id it carried once the
+    bot's own systems have it: the erased user is named nowhere after (docs/privacy.md)."""
+    e = events.c
+    forgotten = case((e.type == "erasure.completed", literal("{}")), else_=e.data)
     return (
         update(events)
         .where(_leased(events, event_id, lease_until))
-        .values(delivered_at=at, due_at=None)
-        .returning(events.c.id)
+        .values(delivered_at=at, due_at=None, data=forgotten)
+        .returning(e.id)
     )
 
 

@@ -1,0 +1,51 @@
+"""The workers' side of personal data (docs/privacy.md): erasure jobs worked as soon as they are
+requested, bodies erased once no longer needed, and the re-encryption to the ring's current key.
+
+Each runs in every worker process; the store makes each row's work one process's at a time
+(an erasure job's lease, the re-encryption's lock per batch), so more processes only take
+over sooner when one dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from app.dispatch.clock import DatabaseClock
+from app.dispatch.maintenance import pause_for, repeat_forever
+from app.store import OperatorStore
+
+log = logging.getLogger(__name__)
+
+ERASURE_CHECK_SECONDS = 1.0  # how soon a requested erasure starts: one indexed read a second
+ERASURE_LEASE_MS = 30_000  # a job whose process died is taken over this long after its batch
+
+
+async def erasures_forever(store: OperatorStore, clock: DatabaseClock) -> None:
+    """Work every requested erasure to its end (none below revision 0009)."""
+
+    async def erase() -> None:
+        for done in await store.work_on_erasures(clock.now, lease_ms=ERASURE_LEASE_MS):
+            verb = "would erase" if done.dry_run else "erased"
+            log.info(
+                "erasure %d of bot %r (%s): %s %d updates, %d attempts, %d events",
+                done.id, done.bot, done.kind, verb, done.updates, done.attempts, done.events,
+            )  # fmt: skip
+
+    await repeat_forever("erasures", erase, pause_for(ERASURE_CHECK_SECONDS))
+
+
+async def reencryption_forever(store: OperatorStore, *, interval: float) -> None:
+    """Move every stored value to the ring's current key, a batch at a time with other work
+    between, then look again after `interval`: a pass that finds nothing reads each table
+    once."""
+
+    async def reencrypt() -> None:
+        moved = 0
+        while done := await store.reencrypt():
+            moved += done
+            await asyncio.sleep(0)
+        if moved:
+            log.info("re-encryption: %d rows moved to the ring's current key", moved)
+
+    await repeat_forever("re-encryption", reencrypt, pause_for(interval))
