@@ -20,8 +20,11 @@ Create Date: 2026-12-07
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import context, op
+from sqlalchemy.dialects import postgresql
 
 from app.store.schema import erasures_table_name, events_table_name, make_metadata
 
@@ -42,18 +45,23 @@ def upgrade() -> None:
     op.add_column(table, sa.Column("erased_at", sa.BigInteger(), nullable=True))
     op.add_column(events, sa.Column("bot", sa.Text(), nullable=True))
     op.add_column(events, sa.Column("update_id", sa.BigInteger(), nullable=True))
+    rows = sa.table(
+        events, sa.column("type"), sa.column("data"), sa.column("bot"), sa.column("update_id")
+    )
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(
-            f"UPDATE {events} SET bot = data::json->>'bot', "
-            f"update_id = (data::json->>'update_id')::bigint "
-            f"WHERE type = 'exhaustion.created' AND data LIKE '{{%'"
-        )
+        document = sa.cast(rows.c.data, postgresql.JSON)
+        bot: Any = document["bot"].astext
+        update_id: Any = sa.cast(document["update_id"].astext, sa.BigInteger)
+        readable: Any = rows.c.data.like("{%")
     else:
-        op.execute(
-            f"UPDATE {events} SET bot = json_extract(data, '$.bot'), "
-            f"update_id = json_extract(data, '$.update_id') "
-            f"WHERE type = 'exhaustion.created' AND json_valid(data)"
-        )
+        bot = sa.func.json_extract(rows.c.data, "$.bot")
+        update_id = sa.func.json_extract(rows.c.data, "$.update_id")
+        readable = sa.func.json_valid(rows.c.data)
+    op.execute(
+        sa.update(rows)
+        .where(rows.c.type == "exhaustion.created", readable)
+        .values(bot=bot, update_id=update_id)
+    )
     metadata = make_metadata(table, "0009")
     op.create_index(
         f"ix_{events}_update",

@@ -14,7 +14,7 @@ from fastapi import APIRouter, HTTPException, Path
 from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from app.api.deps import REFUSALS, Operator, StrictJsonRoute
-from app.store.types import Erasure
+from app.store.operator_types import Erasure
 from telegram_intake_kit.wire import MAX_BIGINT, BotName, EpochMillis, Message, Problem
 
 router = APIRouter(

@@ -17,7 +17,7 @@ from app.cli.service import Commands
 from app.cli.terminal import actor
 from app.config import Settings
 from app.store import OperatorStore, validate
-from app.store.types import Erasure, ErasureKind
+from app.store.operator_types import Erasure, ErasureKind
 
 LEASE_MS = 30_000  # as the workers' (app.dispatch.privacy)
 

@@ -15,36 +15,38 @@ from app.store.contract import (
     UpdateStore,
 )
 from app.store.errors import SchemaError, StoreBusy, StoreError, StoreUnavailable
-from app.store.schema import DEFAULT_TABLE
-from app.store.store import SqlUpdateStore, open_store, open_store_waiting
-from app.store.types import (
-    Abandoned,
+from app.store.operator_types import (
     ActivitySlot,
     AttemptRecord,
     AuditEntry,
     BotControl,
-    BotStats,
     BulkOutcome,
+    EventType,
+    ExhaustionFilter,
+    OperationalEvent,
+    SearchCursor,
+    SearchPage,
+    UpdateFilter,
+    WebhookInfo,
+)
+from app.store.schema import DEFAULT_TABLE
+from app.store.store import SqlUpdateStore, open_store, open_store_waiting
+from app.store.types import (
+    Abandoned,
+    BotStats,
     Capability,
     Claimed,
     ClaimIdentity,
     Completed,
     DueUpdate,
-    EventType,
     Exhaustion,
-    ExhaustionFilter,
     Failed,
     HandedBack,
     NewUpdate,
-    OperationalEvent,
     Ordering,
-    SearchCursor,
-    SearchPage,
     Settlement,
     State,
     StoredUpdate,
-    UpdateFilter,
-    WebhookInfo,
 )
 
 __all__ = [

@@ -4,16 +4,14 @@ every method runs its statements in (through the database's `Backend`)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, overload
+from typing import Any
 
-from sqlalchemy import Row, Table, Update, inspect, literal, select
-from sqlalchemy.engine import Connection
+from sqlalchemy import Row, Table, Update, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.expression import Executable
 
@@ -22,12 +20,9 @@ from app.store import history, validate
 from app.store import outbox as outbox_statements
 from app.store.backend import Backend, History
 from app.store.codec import PLAIN, Codec
-from app.store.errors import UPGRADE_HINT, SchemaError, Undecryptable, translated_errors
-from app.store.records.statements import RecordedRow
+from app.store.errors import UPGRADE_HINT, SchemaError, translated_errors
+from app.store.revision import _LEVELS, capability_of, read_revision
 from app.store.schema import (
-    BESIDE_WIDENED,
-    DEFAULT_TABLE,
-    HEAD,
     Revision,
     attempts_table_name,
     audit_bots_table_name,
@@ -37,9 +32,9 @@ from app.store.schema import (
     events_table_name,
     keys_table_name,
     make_metadata,
-    revision_of,
     sessions_table_name,
 )
+from app.store.sealing import Sealing
 from app.store.types import (
     Abandoned,
     Capability,
@@ -47,52 +42,8 @@ from app.store.types import (
     Completed,
     Failed,
     HandedBack,
-    NewUpdate,
     Settlement,
 )
-
-_LEVELS: dict[Capability, int] = {"base": 0, "fenced": 1, "durable": 2}
-
-
-_BASE_COLUMNS = frozenset(make_metadata(revision="0001").tables[DEFAULT_TABLE].c.keys())
-
-
-def capability_of(revision: Revision) -> Capability:
-    """What a table at `revision` serves. Fenced and durable bots need the head revision: a
-    table below it serves `plain` bots until `alembic upgrade head` (one code path per level,
-    not one per revision)."""
-    return "durable" if revision == HEAD else "base"
-
-
-def _inspect(connection: Connection, table: str) -> Revision:
-    inspector = inspect(connection)
-    if not inspector.has_table(table):
-        raise SchemaError(f"table {table!r} does not exist; {UPGRADE_HINT}")
-    columns = {column["name"] for column in inspector.get_columns(table)}
-    missing = _BASE_COLUMNS - columns
-    if missing:
-        raise SchemaError(f"table {table!r} lacks {sorted(missing)}; {UPGRADE_HINT}")
-    # The tables of the connection's default schema: where an unqualified name resolves.
-    tables = set(inspector.get_table_names())
-    beside = {
-        suffix: {column["name"] for column in inspector.get_columns(table + suffix)}
-        for suffix in BESIDE_WIDENED
-        if table + suffix in tables
-    }
-    return revision_of(columns, tables, table, beside)
-
-
-async def read_revision(engine: AsyncEngine, table: str) -> Revision:
-    """The revision of the live schema, by the table's columns and the tables beside it;
-    SchemaError when the table is missing or incomplete."""
-    with translated_errors(table):
-        async with engine.connect() as connection:
-            return await connection.run_sync(_inspect, table)
-
-
-async def read_capability(engine: AsyncEngine, table: str) -> Capability:
-    """The highest level the live table serves; SchemaError when it is missing or incomplete."""
-    return capability_of(await read_revision(engine, table))
 
 
 def check_settlement(value: Settlement) -> Settlement:
@@ -142,7 +93,7 @@ def check_reason(reason: Any) -> str | None:
     return reason or None
 
 
-class SqlCore:
+class SqlCore(Sealing):
     """What every method stands on: the table, the live capability, the backend, and the
     kinds of transaction a statement runs in."""
 
@@ -213,77 +164,6 @@ class SqlCore:
         outbox = self._outbox()
         if outbox is not None and made:
             await connection.execute(outbox_statements.record(outbox, made, self.codec))
-
-    # -- personal data: every column that holds it is written and read here (app.store.codec) --
-
-    def _stored_rows(self, rows: Sequence[NewUpdate]) -> list[RecordedRow]:
-        """New rows as stored: bodies sealed, queue keys and subjects digested."""
-        codec = self.codec
-        return [
-            RecordedRow(
-                row.bot,
-                row.update_id,
-                codec.seal(row.body, f"body:{row.bot}:{row.update_id}"),
-                row.update_type,
-                codec.digest_optional(row.queue_key),
-                row.received_at,
-                row.trace_context,
-                self._stored_subjects(row.subjects),
-            )
-            for row in rows
-        ]
-
-    def _stored_subjects(self, subjects: Sequence[int]) -> str:
-        """The `subjects` column: each id as stored, between spaces (a LIKE finds one); " "
-        for an update that names no one (NULL is kept for rows recorded before 0009)."""
-        return " " + "".join(self.codec.digest(str(subject)) + " " for subject in subjects)
-
-    def _body(self, row: Any) -> str:
-        """A read row's body (bot, update_id, body), opened."""
-        return self.codec.open(row.body, f"body:{row.bot}:{row.update_id}")
-
-    def _body_or_why(self, row: Any) -> tuple[str, str | None]:
-        """A claimed row's body, or ("", why not) when the ring cannot open it: a worker ends
-        that attempt, and goes on with the others."""
-        try:
-            return self._body(row), None
-        except Undecryptable as error:
-            return "", str(error)
-
-    @overload
-    def _sealed_error(self, bot: str, update_id: int, error: str) -> str: ...
-    @overload
-    def _sealed_error(self, bot: str, update_id: int, error: str | None) -> str | None: ...
-    def _sealed_error(self, bot: str, update_id: int, error: str | None) -> str | None:
-        """An attempt's error as the row and its history store it: an excerpt (the history's
-        length, `history.MAX_ERROR_CHARS`), sealed. A downstream's answer may echo its user's
-        words; the row and its history share the one value."""
-        stored = history.excerpt(error)
-        return self.codec.seal_optional(stored, f"error:{bot}:{update_id}")
-
-    def _error(self, row: Any) -> str | None:
-        """A read row's error (bot, update_id, error), opened; what kept it from opening, in
-        brackets, when the ring cannot (an operator's listing goes on past it)."""
-        try:
-            return self.codec.open_optional(row.error, f"error:{row.bot}:{row.update_id}")
-        except Undecryptable as error:
-            return f"[unreadable: {error}]"
-
-    def _sealed_settlement(self, settlement: Settlement, bot: str, update_id: int) -> Settlement:
-        """`settlement` with its error as `_sealed_error` stores it."""
-        error = getattr(settlement, "error", None)
-        if error is None:
-            return settlement
-        sealed = self._sealed_error(bot, update_id, error)
-        return dataclasses.replace(settlement, error=sealed)
-
-    def _audit_detail(self, row: Any) -> str | None:
-        """A read audit entry's detail (action, at, detail), opened: a filter may name a chat
-        or quote a body."""
-        try:
-            return self.codec.open_optional(row.detail, f"audit:{row.action}:{row.at}")
-        except Undecryptable as error:
-            return json.dumps({"unreadable": str(error)})
 
     @property
     def capability(self) -> Capability:

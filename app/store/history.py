@@ -31,16 +31,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.expression import FromClause
 
+from app.store.operator_types import AttemptEnd
 from app.store.predicates import Upsert
-from app.store.types import (
-    Abandoned,
-    AttemptEnd,
-    ClaimIdentity,
-    Completed,
-    Failed,
-    HandedBack,
-    Settlement,
-)
+from app.store.types import Abandoned, ClaimIdentity, Completed, Failed, HandedBack, Settlement
 
 MAX_ERROR_CHARS = 500  # the excerpt of an attempt's error its history keeps
 

@@ -13,8 +13,8 @@ from sqlalchemy import Insert, Table, Text, cast, func, insert, literal, select
 from sqlalchemy.sql.expression import CTE
 
 from app.store.codec import PLAIN, Codec
+from app.store.operator_types import EventType
 from app.store.predicates import SPENT_ERROR
-from app.store.types import EventType
 
 
 def envelope(kind: str, at: int, data: str) -> str:

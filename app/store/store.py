@@ -24,7 +24,6 @@ from app.store.backends.sqlite import SqliteBackend
 from app.store.claims.methods import ClaimMethods
 from app.store.codec import PLAIN, Codec
 from app.store.control.methods import ControlMethods
-from app.store.core import read_capability, read_revision
 from app.store.engine import create_store_engine
 from app.store.erasures.methods import ErasureMethods
 from app.store.errors import StoreUnavailable
@@ -33,6 +32,7 @@ from app.store.exhaustions.methods import ExhaustionMethods
 from app.store.keys.methods import KeyMethods
 from app.store.polling.methods import PollingMethods
 from app.store.records.methods import RecordMethods
+from app.store.revision import read_capability, read_revision
 from app.store.schema import DEFAULT_TABLE
 from app.store.sessions.methods import SessionMethods
 from app.store.settles.methods import SettleMethods

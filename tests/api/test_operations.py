@@ -319,6 +319,8 @@ V1_ROUTES = {
     ("post", "/v1/updates/{bot}/{update_id}/park"): "ParkRequest",
     ("post", "/v1/exhaustions/redrive"): "RedriveRequest",
     ("get", "/v1/audit"): None,
+    ("post", "/v1/erasures"): "ErasureRequest",
+    ("get", "/v1/erasures/{erasure_id}"): None,
 }
 
 

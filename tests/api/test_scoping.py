@@ -49,6 +49,8 @@ async def _seed(api: Api) -> dict[str, Any]:
         exhausted = await api.exhaustion(bot, ids[2] + 10, error=f"HTTP 400: {mark} again")
         await store.pause(bot, at=now, by="ops", reason=f"{mark} incident #42")
         await store.set_rate_limit(bot, 3.0, at=now, by="ops")
+        # An erasure job each (a dry run): ours is 1, theirs 2 (`_paths`).
+        await store.request_erasure(bot, kind="user", subject=7, at=now, by="ops", dry_run=True)
         found[bot] = {"exhausted": exhausted, "failing": failing, "parked": live}
     # A body that carries the secret too, and a row of rivalbot alone in a chat.
     await store.add(THEIRS, 990_100, update_body(990_100).replace("hello", SECRET), now)
@@ -72,7 +74,8 @@ def _paths(template: str, identities: list[ClaimIdentity]) -> list[str]:
         for update_id in update_ids:
             for action in ("redrive", "acknowledge", "park"):
                 path = template.replace("{bot}", bot).replace("{update_id}", str(update_id))
-                filled.append(path.replace("{action}", action))
+                erasure = "1" if bot == OURS else "2"  # as `_seed` requested them
+                filled.append(path.replace("{action}", action).replace("{erasure_id}", erasure))
     return sorted(set(filled))
 
 
@@ -80,6 +83,7 @@ def _api_bodies(identities: list[ClaimIdentity]) -> list[Any]:
     """What a POST to the API may carry about `rivalbot`: its identities, filters naming it, and
     filters naming no bot (which the key's bots must bound)."""
     bodies: list[Any] = [{}, {"filter": {}, "dry_run": True}, {"filter": {"bot": THEIRS}}]
+    bodies += [{"bot": THEIRS, "user_id": THEIR_IDS[0]}, {"bot": THEIRS, "chat_id": 1}]
     for identity in identities:
         wire = {
             "bot": identity.bot,

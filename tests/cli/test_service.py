@@ -15,6 +15,8 @@ from typing import IO
 import httpx
 import pytest
 
+from app.config import Settings
+from app.store.codec import Codec
 from app.store.migrate import current_revision
 from app.store.schema import HEAD
 from tests.conftest import Storage, table_rows
@@ -93,9 +95,15 @@ def test_run_demo_migrates_a_fresh_sqlite_file_and_records_updates(running: Runn
     headers = {"X-Telegram-Bot-Api-Secret-Token": secret, "Content-Type": "application/json"}
     response = httpx.post(f"{base}/telegram/default", content=update, headers=headers)
     assert response.status_code == 200
-    assert table_rows(url, "bot", "update_id", "body", "queue_key") == [
-        ("default", 77, update, "5")
-    ]
+    # Recorded sealed under the ring `run` made for its file, and read back through it.
+    ((bot, update_id, body, queue_key),) = table_rows(url, "bot", "update_id", "body", "queue_key")
+    assert (bot, update_id) == ("default", 77)
+    assert body.startswith("enc1:k1:")
+    assert queue_key.startswith("h1:")
+    ring = Settings(database_url=url).key_ring
+    assert ring is not None
+    assert Codec(ring).open(body, "body:default:77") == update
+    assert Codec(ring).digest("5") == queue_key
 
 
 def test_run_without_a_bot_says_how_to_configure_one(sqlite_storage: Storage) -> None:

@@ -507,3 +507,28 @@ def test_upgrade_downgrade_upgrade_keeps_ten_thousand_postgres_rows(
         step()
         assert fingerprint() == before
     assert current_revision(url) == HEAD
+
+
+def test_revision_0009_names_the_update_of_each_event_recorded_before_it(
+    storage: Storage,
+) -> None:
+    """An erasure deletes the events of the updates it erases by their update: the events an
+    older release recorded get theirs from their data (as it wrote them: JSON)."""
+    url = storage.url("0008")
+    made = json.dumps({"bot": "shop", "update_id": 41, "error": "HTTP 400"})
+    engine = create_sync_engine(url)
+    try:
+        with engine.begin() as connection:
+            insert = text(
+                "INSERT INTO telegram_updates_events (type, data, created_at, due_at) "
+                "VALUES (:type, :data, 1, 1)"
+            )
+            connection.execute(insert, {"type": "exhaustion.created", "data": made})
+            connection.execute(insert, {"type": "bot.paused", "data": '{"bot": "shop"}'})
+    finally:
+        engine.dispose()
+    upgrade(url, "head")
+    events = table_rows(url, "type", "bot", "update_id", table="telegram_updates_events")
+    assert sorted(events, key=str) == sorted(
+        [("exhaustion.created", "shop", 41), ("bot.paused", None, None)], key=str
+    )

@@ -9,7 +9,7 @@ from collections.abc import Awaitable
 from app.store.conformance._core import BOT, OTHER_BOT, _Findings, _rule
 from app.store.conformance.control import OPERATOR, _exhausted
 from app.store.contract import OperatorStore
-from app.store.types import AuditEntry, ExhaustionFilter
+from app.store.operator_types import AuditEntry, ExhaustionFilter
 
 THIRD_BOT = "conformance-c"
 

@@ -18,14 +18,8 @@ from app.store.conformance._core import (
     _rule,
 )
 from app.store.contract import OperatorStore
-from app.store.types import (
-    ClaimIdentity,
-    Completed,
-    ExhaustionFilter,
-    Failed,
-    HandedBack,
-    UpdateFilter,
-)
+from app.store.operator_types import ExhaustionFilter, UpdateFilter
+from app.store.types import ClaimIdentity, Completed, Failed, HandedBack
 
 OPERATOR = "conformance-key"
 

@@ -11,7 +11,8 @@ from typing import Any
 from app.store.conformance._core import BOT, MAX, OTHER_BOT, _body, _Findings, _record, _rule
 from app.store.conformance.control import OPERATOR, _exhausted
 from app.store.contract import OperatorStore
-from app.store.types import ExhaustionFilter, NewUpdate, OperationalEvent, WebhookInfo
+from app.store.operator_types import ExhaustionFilter, OperationalEvent, WebhookInfo
+from app.store.types import NewUpdate
 
 FAR = 10**12  # a time after every event of a rule, and a lease that outlives the rule
 

@@ -10,10 +10,8 @@ from typing import Any
 from app.store import history, outbox, validate
 from app.store.control import statements as control
 from app.store.core import SqlCore, check_actor, check_identity, check_reason
-from app.store.types import (
-    BotControl,
-    ClaimIdentity,
-)
+from app.store.operator_types import BotControl
+from app.store.types import ClaimIdentity
 
 
 class ControlMethods(SqlCore):

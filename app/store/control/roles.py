@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from app.store.types import (
-    BotControl,
-    ClaimIdentity,
-)
+from app.store.operator_types import BotControl
+from app.store.types import ClaimIdentity
 
 
 class Control(Protocol):

@@ -24,7 +24,7 @@ from app.store import outbox, validate
 from app.store.core import SqlCore, check_actor
 from app.store.erasures import statements as erasures
 from app.store.errors import Undecryptable
-from app.store.types import Erasure, ErasureKind
+from app.store.operator_types import Erasure, ErasureKind
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from app.store.types import Erasure, ErasureKind
+from app.store.operator_types import Erasure, ErasureKind
 
 
 class Erasures(Protocol):

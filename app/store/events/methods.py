@@ -16,7 +16,7 @@ from app.store.control import statements as control
 from app.store.core import SqlCore, check_lease
 from app.store.errors import UPGRADE_HINT, SchemaError, Undecryptable
 from app.store.events import statements as events
-from app.store.types import EventType, OperationalEvent, WebhookInfo
+from app.store.operator_types import EventType, OperationalEvent, WebhookInfo
 
 log = logging.getLogger(__name__)
 

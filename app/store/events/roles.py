@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from app.store.types import (
-    OperationalEvent,
-    WebhookInfo,
-)
+from app.store.operator_types import OperationalEvent, WebhookInfo
 
 
 class Events(Protocol):

@@ -29,8 +29,8 @@ from sqlalchemy import (
     update,
 )
 
+from app.store.operator_types import WebhookInfo
 from app.store.predicates import NON_TERMINAL, Upsert, in_state, traced
-from app.store.types import WebhookInfo
 
 
 def take(events: Table, *, now: int, lease_until: int, limit: int) -> Update:

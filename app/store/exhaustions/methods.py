@@ -20,12 +20,8 @@ from app.store.core import (
     check_lease,
 )
 from app.store.exhaustions import statements as exhaustions
-from app.store.types import (
-    BulkOutcome,
-    ClaimIdentity,
-    Exhaustion,
-    ExhaustionFilter,
-)
+from app.store.operator_types import BulkOutcome, ExhaustionFilter
+from app.store.types import ClaimIdentity, Exhaustion
 
 BULK_BATCH = 1_000  # rows per transaction of a bulk action
 

@@ -5,12 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from app.store.types import (
-    BulkOutcome,
-    ClaimIdentity,
-    Exhaustion,
-    ExhaustionFilter,
-)
+from app.store.operator_types import BulkOutcome, ExhaustionFilter
+from app.store.types import ClaimIdentity, Exhaustion
 
 
 class Exhaustions(Protocol):

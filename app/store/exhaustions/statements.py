@@ -24,6 +24,7 @@ from sqlalchemy import (
     update,
 )
 
+from app.store.operator_types import ExhaustionFilter
 from app.store.predicates import (
     identity_is,
     owned_by,
@@ -31,10 +32,7 @@ from app.store.predicates import (
     transition_returning,
     unacknowledged,
 )
-from app.store.types import (
-    ClaimIdentity,
-    ExhaustionFilter,
-)
+from app.store.types import ClaimIdentity
 
 
 def exhaust(t: Table, *, identity: ClaimIdentity, at: int, error: str) -> Update:

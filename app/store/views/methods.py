@@ -11,16 +11,15 @@ from typing import Any
 from app.store import history, validate
 from app.store.control import statements as control
 from app.store.core import SqlCore
-from app.store.types import (
+from app.store.operator_types import (
     ActivitySlot,
     AttemptRecord,
     AuditEntry,
-    BotStats,
     SearchCursor,
     SearchPage,
-    StoredUpdate,
     UpdateFilter,
 )
+from app.store.types import BotStats, StoredUpdate
 from app.store.views import statements as views
 
 _UNDELIVERED = ("pending", "processing", "failed")

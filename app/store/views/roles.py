@@ -5,16 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from app.store.types import (
+from app.store.operator_types import (
     ActivitySlot,
     AttemptRecord,
     AuditEntry,
-    BotStats,
     SearchCursor,
     SearchPage,
-    StoredUpdate,
     UpdateFilter,
 )
+from app.store.types import BotStats, StoredUpdate
 
 
 class Views(Protocol):

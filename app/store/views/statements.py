@@ -20,14 +20,11 @@ from sqlalchemy import (
     union_all,
 )
 
+from app.store.operator_types import SearchCursor, UpdateFilter
 from app.store.predicates import (
     in_state,
     key_is,
     unacknowledged,
-)
-from app.store.types import (
-    SearchCursor,
-    UpdateFilter,
 )
 
 
