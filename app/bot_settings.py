@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AnyHttpUrl,
@@ -67,6 +67,12 @@ class BotOptions(BaseModel):
     source: Literal["webhook", "polling"] = "webhook"
     poll_timeout_seconds: int = Field(25, ge=0, le=50)
     poll_limit: int = Field(100, ge=1, le=100)
+    # How long an update's body (and its attempts' errors) outlive its delivery (docs/privacy.md):
+    # "until_delivered" erases them once it completes, a number of days that many days after;
+    # None, as the row itself (retention_seconds). An exhaustion keeps its body until acknowledged.
+    body_retention: Literal["until_delivered"] | Annotated[int, Field(ge=1, le=36_500)] | None = (
+        None
+    )
 
     @field_validator("downstream_secret_token")
     @classmethod

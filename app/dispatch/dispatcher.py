@@ -37,7 +37,7 @@ from app.dispatch.events import EventDelivery, WebhookWatch, watch_backlog_forev
 from app.dispatch.leases import LeaseKeeper
 from app.dispatch.liveness import Liveness
 from app.dispatch.maintenance import ExhaustionDelivery, keep_table_forever, prune_forever
-from app.dispatch.privacy import erasures_forever, reencryption_forever
+from app.dispatch.privacy import erasures_forever, reencryption_forever, retention_forever
 from app.dispatch.runner import AttemptRunner
 from app.dispatch.settler import Settler
 from app.intake.polling import Poller
@@ -183,6 +183,9 @@ class Dispatcher:
             ),
             "upkeep": keep_table_forever(self._store),
             "erasures": erasures_forever(self._store, self._clock),
+            "retention": retention_forever(
+                self._store, self._clock, [lane.bot for lane in self._lanes]
+            ),
             "re-encryption": reencryption_forever(
                 self._store, interval=settings.prune_interval_seconds
             ),

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
+from app.bot_settings import BotSettings
 from app.dispatch.clock import DatabaseClock
 from app.dispatch.maintenance import pause_for, repeat_forever
 from app.store import OperatorStore
 
 log = logging.getLogger(__name__)
 
+DAY_MS = 86_400_000
 ERASURE_CHECK_SECONDS = 1.0  # how soon a requested erasure starts: one indexed read a second
 ERASURE_LEASE_MS = 30_000  # a job whose process died is taken over this long after its batch
 
@@ -49,3 +52,28 @@ async def reencryption_forever(store: OperatorStore, *, interval: float) -> None
             log.info("re-encryption: %d rows moved to the ring's current key", moved)
 
     await repeat_forever("re-encryption", reencrypt, pause_for(interval))
+
+
+RETENTION_CHECK_SECONDS = 1.0  # how soon after its delivery an "until_delivered" body goes
+
+
+async def retention_forever(
+    store: OperatorStore, clock: DatabaseClock, bots: Sequence[BotSettings]
+) -> None:
+    """Erase the bodies of delivered updates once their bot's `body_retention` has passed:
+    at once for "until_delivered", after that many days otherwise. Bots without one keep
+    their bodies as long as their rows (the prune)."""
+    kept = [(bot.name, bot.body_retention) for bot in bots if bot.body_retention is not None]
+
+    async def erase() -> None:
+        now = clock.now()
+        for name, retention in kept:
+            days = 0 if retention == "until_delivered" else retention
+            erased = await store.erase_delivered_bodies(
+                name, settled_before=now - days * DAY_MS, at=now
+            )
+            if erased:
+                log.info("bot %r: erased the bodies of %d delivered updates", name, erased)
+
+    if kept:
+        await repeat_forever("retention", erase, pause_for(RETENTION_CHECK_SECONDS))

@@ -160,6 +160,8 @@ class StoredUpdate:
     exhausted_at: int | None
     acknowledged_at: int | None
     body: str | None = None  # the raw update: `get_update` reads it, a search leaves it out
+    # When its body was erased (retention, revision 0009): `body` is None from then on.
+    erased_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -714,3 +714,15 @@ class ErasureWithoutItsLease(SqlUpdateStore):
 
 
 CONTROLS[ErasureWithoutItsLease] = "an erasure whose worker died goes on once its lease lapses"
+
+
+class RetentionIgnoresItsTime(SqlUpdateStore):
+    """A retention that erases every delivered body, however recently it was delivered."""
+
+    async def erase_delivered_bodies(self, bot: str, **arguments: Any) -> int:
+        return await super().erase_delivered_bodies(bot, **{**arguments, "settled_before": 10**12})
+
+
+CONTROLS[RetentionIgnoresItsTime] = (
+    "retention erases delivered bodies and keeps every row and open exhaustion"
+)

@@ -145,3 +145,41 @@ async def _erasure_taken_over(store: OperatorStore, f: _Findings) -> None:
     f.equal(None if shown is None else shown.state, "done", "the job taken over")
     left = [u for u in range(1, 6) if await store.get_update(BOT, u) is not None]
     f.equal(left, [1, 3, 4], "updates left after the group's erasure")
+
+
+@_rule("retention erases delivered bodies and keeps every row and open exhaustion", "durable")
+async def _retention(store: OperatorStore, f: _Findings) -> None:
+    await store.add_many(ROWS)
+    held = await store.claim_next_owned(
+        now=10, lease_until=10_000, max_attempts=MAX, limit=10, ordering="none"
+    )
+    by_id = {c.identity.update_id: c.identity for c in held}
+    if len(by_id) != 5:
+        f.equal(sorted(by_id), [1, 2, 3, 4, 5], "the claim")
+        return
+    await store.settle_owned(by_id[1], Completed(20))  # delivered
+    await store.settle_owned(by_id[2], Failed(20, 10**9, "HTTP 500: busy"))  # to retry
+    await store.exhaust(by_id[3], 20, "HTTP 400: refused")  # open exhaustion
+    await store.exhaust(by_id[4], 20, "HTTP 400: refused")
+    await store.acknowledge_exhaustion(by_id[4], 25)  # acknowledged
+    await store.settle_owned(by_id[5], Completed(40))  # delivered later
+    erased = await store.erase_delivered_bodies(BOT, settled_before=30, at=50)
+    f.equal(erased, 2, "bodies erased: the delivered and the acknowledged, settled by 30")
+    rows = {u: await store.get_update(BOT, u) for u in range(1, 6)}
+    bodies = {u: None if row is None else row.body for u, row in rows.items()}
+    f.equal({u: body is None for u, body in bodies.items()}, {
+        1: True, 2: False, 3: False, 4: True, 5: False,
+    }, "whose body is gone")  # fmt: skip
+    first = rows[1]
+    f.equal(
+        None if first is None else (first.state, first.update_type, first.erased_at),
+        ("completed", "message", 50),
+        "an erased row keeps its state and type, and says when",
+    )
+    f.equal(
+        [a.error for a in await store.attempt_history(BOT, 4) or []],
+        [None],
+        "the erased update's attempt errors",
+    )
+    f.equal(await store.add_many([ROWS[0]]), set(), "a re-post of an erased update")
+    f.equal(await store.erase_delivered_bodies(BOT, settled_before=30, at=60), 0, "erased once")

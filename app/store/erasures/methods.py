@@ -203,6 +203,31 @@ class ErasureMethods(SqlCore):
                 )
         return done
 
+    async def erase_delivered_bodies(
+        self, bot: str, *, settled_before: int, at: int, limit: int = ERASE_BATCH
+    ) -> int:
+        """Retention (a bot's `body_retention`): erase, a bounded batch per transaction, the
+        bodies of `bot`'s delivered updates settled at or before `settled_before`, with their
+        attempts' errors and their delivered events' data; the rows stay. The count erased."""
+        self._erasures("erase_delivered_bodies")  # revision 0009's erased_at, or SchemaError
+        bot, at = validate.bot_name(bot), validate.millis("at", at)
+        before = validate.millis("settled_before", settled_before)
+        limit = validate.positive("limit", limit)
+        erased = 0
+        while True:
+            statement = erasures.erase_bodies(
+                self.table, bot=bot, settled_before=before, at=at, limit=limit
+            )
+            async with self.transaction() as connection:
+                keys = [(row.bot, row.update_id) for row in await connection.execute(statement)]
+                if keys and self.attempts_table is not None:
+                    await connection.execute(erasures.erase_errors(self.attempts_table, keys))
+                if keys and self.events_table is not None:
+                    await connection.execute(erasures.forget_event_data(self.events_table, keys))
+            erased += len(keys)
+            if len(keys) < limit:
+                return erased
+
 
 def _erasure(row: Any) -> Erasure:
     return Erasure(

@@ -31,6 +31,15 @@ class Erasures(Protocol):
         """The job as it stands: its state and counts, never the id it erases."""
         ...
 
+    async def erase_delivered_bodies(
+        self, bot: str, *, settled_before: int, at: int, limit: int = ...
+    ) -> int:
+        """Retention: erase the bodies of `bot`'s delivered updates (completed, abandoned, or
+        exhaustions once acknowledged) settled at or before `settled_before`, with their
+        attempts' errors and their delivered events' data; the rows stay, so a re-post is
+        still a duplicate. The count erased."""
+        ...
+
     async def work_on_erasures(self, now: Callable[[], int], *, lease_ms: int) -> list[Erasure]:
         """Work each unfinished job no process holds to its end, a bounded batch per
         transaction under a lease of `lease_ms`; the jobs finished here. Deleting an update

@@ -167,3 +167,41 @@ def unfinished(erasures: Table, *, bots: Sequence[str]) -> Select[Any]:
     """Whether a job of these bots is still to finish."""
     e = erasures.c
     return select(func.count()).where(and_(e.state != "done", e.bot.in_(list(bots))))
+
+
+def erase_bodies(
+    t: Table, *, bot: str, settled_before: int, at: int, limit: int
+) -> ReturningUpdate[Any]:
+    """Erase the bodies (and errors) of up to `limit` delivered updates of `bot` settled at or
+    before `settled_before`: completed, abandoned, or exhaustions once acknowledged (an open
+    exhaustion keeps its body). The row stays, with its identity, type, times and state: a
+    re-post of its update_id is still a duplicate. RETURNING the keys, for their history."""
+    # Terminal rows keep due_at == settled_at: the (state, due_at) index bounds the walk.
+    chosen = (
+        select(t.c.bot, t.c.update_id)
+        .where(
+            t.c.bot == bot,
+            t.c.state.in_(("completed", "abandoned")),
+            t.c.due_at <= settled_before,
+            t.c.settled_at <= settled_before,
+            t.c.erased_at.is_(None),
+        )
+        .limit(limit)
+    )
+    return (
+        update(t)
+        .where(tuple_(t.c.bot, t.c.update_id).in_(chosen))
+        .values(body="", error=None, erased_at=at)
+        .returning(t.c.bot, t.c.update_id)
+    )
+
+
+def erase_errors(attempts: Table, keys: Sequence[Key]) -> Update:
+    """The errors of these updates' attempts: a downstream's answer may quote its user."""
+    return update(attempts).where(_keyed(attempts, keys)).values(error=None)
+
+
+def forget_event_data(events: Table, keys: Sequence[Key]) -> Update:
+    """The delivered events of these updates keep their type and times, not their data."""
+    rule = and_(_keyed(events, keys), events.c.delivered_at.is_not(None))
+    return update(events).where(rule).values(data="{}")

@@ -43,7 +43,9 @@ class ViewMethods(SqlCore):
             return None
         fields: dict[str, Any] = dict(row._mapping)
         fields["body"], unreadable = self._body_or_why(row)
-        if unreadable is not None:
+        if fields.get("erased_at") is not None:
+            fields["body"] = None  # erased by retention: the row stays, its body does not
+        elif unreadable is not None:
             fields["body"] = None  # shown as absent, with why in place of its error
             fields["error"] = f"[unreadable: {unreadable}]"
         else:
