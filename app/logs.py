@@ -46,6 +46,12 @@ def configure(log_format: LogFormat = "auto", level: int | str = logging.INFO) -
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise
+    # No line of a dependency's may carry what Telegram sent (docs/privacy.md): SQLAlchemy's
+    # statement log prints each statement's parameters (bodies among them) and aiosqlite's
+    # debug lines the calls it runs, arguments and all. Ours say what happened to which
+    # update, by bot, update_id and attempt.
+    for name in ("sqlalchemy.engine", "sqlalchemy.pool", "aiosqlite"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.getEffectiveLevel()))
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []  # propagate to ours
         logging.getLogger(name).propagate = True

@@ -269,7 +269,9 @@ class AttemptRunner:
             return
         exhausted = await self._exhaust(attempt, now, error, status)
         if exhausted:
-            AttemptLog.of(log, attempt.identity).warning("exhausted (%s)", error)
+            # The error may quote the downstream's answer, which may quote its user: the
+            # history keeps it (sealed); the log names the outcome and the status.
+            AttemptLog.of(log, attempt.identity).warning("exhausted (%s, %s)", outcome, status)
             attempt.unblocks = attempt.claimed.queue_key is not None
             if self._exhaustions is not None:
                 self._exhaustions.wake()

@@ -252,7 +252,7 @@ class Intake:
             meters.commit_wait.observe(time.perf_counter() - arrived)
         if log.isEnabledFor(logging.DEBUG):
             state = "recorded" if new else "a duplicate, already recorded"
-            log.debug("%s:%d: %s (%s, queue %s)", bot, row.update_id, state, update_type, queue_key)
+            log.debug("%s:%d: %s (%s)", bot, row.update_id, state, update_type)
         return ("accepted" if new else "duplicate"), OK
 
     def _not_recorded(self, row: NewUpdate, error: CommitFailed) -> Answer:

@@ -1,4 +1,5 @@
-"""Personal data at rest, proven where it rests: the database's own files (docs/privacy.md).
+"""Personal data at rest, proven where it rests: the database's own files, and the logs
+(docs/privacy.md).
 
 Real `serve` and `worker` processes record updates that carry marker text, a name, a phone
 number and chat and user ids, and deliver them to a downstream that echoes a marker of its own
@@ -148,6 +149,7 @@ async def test_nothing_a_user_sent_rests_in_the_database_files(
             api_keys=API_KEY,
             operations_url=f"{echoing.url}/operations",
             operations_signing_secret=SIGNING_SECRET,
+            log_level="debug",  # every line, a dependency's included
             **(keys if encrypted else {}),
         )
         serve = start("serve", env, "serve", "--port", str(port))
@@ -191,6 +193,11 @@ async def test_nothing_a_user_sent_rests_in_the_database_files(
 
         secrets = sorted({s for update_id in range(1, UPDATES + 1) for s in secrets_of(update_id)})
         at_rest = found_in(files_at_rest(), secrets)
+        # With keys or without, no log line names what a user sent or a downstream answered.
+        for process in (serve, worker):
+            logged = process.stdout + process.stderr
+            assert "DEBUG" in logged, "the processes logged at debug: the check is blind"
+            assert [s for s in secrets if s in logged] == [], process.name
     if encrypted:
         assert at_rest == set(), f"found at rest with a key ring: {sorted(at_rest)}"
     else:  # the control: each kind of secret is there to be found without one

@@ -86,6 +86,7 @@ def async_engine(
         pool_size=pool_size,
         max_overflow=0,
         isolation_level="AUTOCOMMIT",
+        hide_parameters=True,  # an error's text names no body (docs/privacy.md)
         connect_args=connect_args(
             url,
             statement_timeout_ms=statement_timeout_ms,

@@ -38,7 +38,8 @@ def engine_options(url: URL) -> dict[str, Any]:
     database = url.database or ""
     if not database.startswith("file:"):
         Path(database).parent.mkdir(parents=True, exist_ok=True)
-    return {"connect_args": {"timeout": BUSY_TIMEOUT_MS / 1000}}
+    # hide_parameters: an error's text names no body (docs/privacy.md).
+    return {"connect_args": {"timeout": BUSY_TIMEOUT_MS / 1000}, "hide_parameters": True}
 
 
 def set_up(dbapi_connection: Any) -> None:

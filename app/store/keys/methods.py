@@ -231,7 +231,8 @@ class KeyMethods(SqlCore):
                 values[f"old_{column}"] = stored
                 values[f"new_{column}"] = stored if moved is None else moved
         except Undecryptable as error:
-            log.error("re-encryption: %s %s left as it is: %s", sealed.table.name, values, error)
+            key = {name: values[f"key_{name}"] for name in sealed.key}
+            log.error("re-encryption: %s %s left as it is: %s", sealed.table.name, key, error)
             return None
         if sealed.table is self.table:
             if "queue_key" in read:
