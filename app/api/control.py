@@ -121,6 +121,7 @@ async def search(
     received_after: Annotated[int | None, Query(ge=0, le=MAX_BIGINT)] = None,
     received_before: Annotated[int | None, Query(ge=0, le=MAX_BIGINT)] = None,
     contains: Annotated[str | None, Query(min_length=1, max_length=500, pattern=NO_NUL)] = None,
+    user: Annotated[str | None, Query(pattern=r"^-?[0-9]{1,19}$")] = None,
     after: Annotated[
         str | None,
         Query(pattern=SEARCH_CURSOR, description="`next` of the previous page"),
@@ -130,7 +131,9 @@ async def search(
     """Recorded updates, newest first, by every filter given: `chat` is the queue key,
     `received_after` inclusive and `received_before` exclusive (epoch ms), `contains` a
     substring of the raw body, searched among at most 1,000 rows of the other filters per
-    page (a page may then be short, or empty, with `next` set)."""
+    page (a page may then be short, or empty, with `next` set; encrypted bodies are opened
+    by the service to search them), `user` a user's or a chat's id named anywhere in the
+    update (sender, chat, member, contact, reply, forward...)."""
     if bot is not None:
         grant.bot(bot)
     names = [bot] if bot is not None else _visible(grant)
@@ -150,6 +153,7 @@ async def search(
         received_after=received_after,
         received_before=received_before,
         contains=contains,
+        user=user,
     )
     page = await grant.services.store.search_updates(chosen, after=cursor, limit=limit)
     items = [UpdateView.model_validate(row, from_attributes=True) for row in page.items]

@@ -112,6 +112,12 @@ def _rate_limit(settings: Settings, args: argparse.Namespace) -> int:
 # -- updates and attempts ------------------------------------------------------------------------
 
 
+def _telegram_id_text(value: str) -> str:
+    if not value.lstrip("-").isdigit() or len(value.lstrip("-")) > 19:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Telegram id (an integer)")
+    return value
+
+
 def _updates(settings: Settings, args: argparse.Namespace) -> int:
     names = [args.bot] if args.bot else [bot.name for bot in settings.bots]
     if args.bot and not known_bot(settings, args.bot):
@@ -124,6 +130,7 @@ def _updates(settings: Settings, args: argparse.Namespace) -> int:
         received_after=args.received_after,
         received_before=args.received_before,
         contains=args.contains,
+        user=args.user,
     )
 
     async def work(store: OperatorStore) -> int:
@@ -313,6 +320,11 @@ def add_commands(commands: Commands) -> None:
     updates.add_argument("--received-after", type=when_argument, help="at or after (ISO/ms)")
     updates.add_argument("--received-before", type=when_argument, help="before (ISO/ms)")
     updates.add_argument("--contains", help="a substring of the raw update")
+    updates.add_argument(
+        "--user",
+        type=_telegram_id_text,
+        help="a user's or chat's id named anywhere in the update (sender, member, reply...)",
+    )
     updates.add_argument("--limit", type=int, default=50, help="rows (default 50)")
     updates.add_argument("--json", action="store_true", help="print JSON")
     updates.set_defaults(handler=_updates)

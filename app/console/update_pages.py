@@ -28,7 +28,8 @@ from app.store.types import STATES
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
 SEARCH_FIELDS = (
-    "bot", "state", "chat", "update_type", "received_after", "received_before", "contains",
+    "bot", "state", "chat", "user", "update_type", "received_after", "received_before",
+    "contains",
 )  # fmt: skip
 
 
@@ -38,6 +39,8 @@ async def updates(request: Request) -> Response:
     query = {name: request.query_params.get(name, "") for name in SEARCH_FIELDS}
     names = visible_bots(request, session)
     chosen_bots = [visible_bot(request, session, query["bot"])] if query["bot"] else names
+    if query["user"] and not query["user"].lstrip("-").isdigit():
+        raise HTTPException(400, f"user {query['user']!r:.40} is not a Telegram id (an integer)")
     state = query["state"] or None
     if state is not None and state not in STATES:
         raise HTTPException(400, f"state {state!r} is not one of {', '.join(STATES)}")
@@ -59,6 +62,7 @@ async def updates(request: Request) -> Response:
             received_after=time_field(query["received_after"], "received after"),
             received_before=time_field(query["received_before"], "received before"),
             contains=query["contains"] or None,
+            user=query["user"] or None,
         )
         page = await app_services(request).store.search_updates(
             chosen, after=cursor, limit=ROWS_PER_PAGE

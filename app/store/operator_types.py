@@ -101,6 +101,8 @@ class UpdateFilter:
     received_after: int | None = None
     received_before: int | None = None
     contains: str | None = None
+    # A user's or a chat's id named anywhere in the update (its subjects, revision 0009).
+    user: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bots, str) or not self.bots:
@@ -111,6 +113,7 @@ class UpdateFilter:
             raise ValueError(f"state {self.state!r} is not one of {', '.join(STATES)}")
         validate.optional_text("chat", self.chat)
         validate.optional_text("update_type", self.update_type)
+        validate.optional_text("user", self.user)
         if self.contains is not None and not validate.text("contains", self.contains):
             raise ValueError("contains is empty")
         for name in ("received_after", "received_before"):

@@ -171,6 +171,10 @@ async def test_nothing_a_user_sent_rests_in_the_database_files(
                     headers=headers,
                 )
                 assert [item["update_id"] for item in found.json()["items"]] == [4], found.text
+                named = await client.get(
+                    f"{base}/updates", params={"user": str(USER + 5)}, headers=headers
+                )
+                assert [item["update_id"] for item in named.json()["items"]] == [5], named.text
                 shown = await client.get(f"{base}/updates/default/5/attempts", headers=headers)
                 assert ANSWER in shown.json()["items"][0]["error"], shown.text
                 chosen = {"bot": "default", "chat": str(CHAT + 3), "error_contains": ANSWER}

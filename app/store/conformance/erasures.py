@@ -11,6 +11,7 @@ from typing import Any
 
 from app.store.conformance._core import BOT, MAX, OTHER_BOT, _Findings, _rule
 from app.store.contract import OperatorStore
+from app.store.operator_types import UpdateFilter
 from app.store.types import Completed, Failed, NewUpdate
 
 ERASER = "conformance-eraser"
@@ -183,3 +184,13 @@ async def _retention(store: OperatorStore, f: _Findings) -> None:
     )
     f.equal(await store.add_many([ROWS[0]]), set(), "a re-post of an erased update")
     f.equal(await store.erase_delivered_bodies(BOT, settled_before=30, at=60), 0, "erased once")
+
+
+@_rule("search by user finds every update naming them in any role", "durable")
+async def _search_by_user(store: OperatorStore, f: _Findings) -> None:
+    await store.add_many(ROWS)
+    for subject, expected in ((ALICE, [5, 3, 2, 1]), (BOB, [5, 4, 3, 2]), (GROUP, [5, 2])):
+        page = await store.search_updates(UpdateFilter(bots=(BOT,), user=str(subject)), limit=10)
+        f.equal([row.update_id for row in page.items], expected, f"the updates naming {subject}")
+    nobody = await store.search_updates(UpdateFilter(bots=(BOT,), user="4242"), limit=10)
+    f.equal(nobody.items, [], "an id no update names")

@@ -93,7 +93,13 @@ class ViewMethods(SqlCore):
             after = _cursor(after)
         window = limit if chosen.contains is None else max(limit, SEARCH_WINDOW)
         sealed = self.codec.encrypting
-        stored = dataclasses.replace(chosen, chat=self.codec.digest_optional(chosen.chat))
+        if chosen.user is not None:
+            self._needing(self.erasures_table, "search by user", "0009")
+        stored = dataclasses.replace(
+            chosen,
+            chat=self.codec.digest_optional(chosen.chat),
+            user=self.codec.digest_optional(chosen.user),
+        )
         statement = views.search_updates(
             self.table, stored, after=after, limit=window, sealed_bodies=sealed
         )

@@ -87,6 +87,8 @@ def search_updates(
             rules.append(t.c.queue_key == chosen.chat)
         if chosen.update_type is not None:
             rules.append(t.c.update_type == chosen.update_type)
+        if chosen.user is not None:  # an id as stored, between the spaces of `subjects`
+            rules.append(t.c.subjects.contains(f" {chosen.user} ", autoescape=True))
         if chosen.received_after is not None:
             rules.append(t.c.received_at >= chosen.received_after)
         if chosen.received_before is not None:
