@@ -4,7 +4,8 @@ page.
 Server-rendered Jinja2 templates (`templates/`) and plain forms; one small script refreshes the
 overview (`static/console.js`), and every page reads without it. Sign-in and CSRF are
 `session.py`, the security headers, the route class, forms and error pages `forms.py`, the
-pages `pages.py` (sign-in, overview, bots, audit), `update_pages.py` and `exhaustion_pages.py`.
+pages `pages.py` (sign-in, overview, bots, audit), `update_pages.py`, `exhaustion_pages.py`
+and `erasure_pages.py`.
 The pages and their files ship in the wheel.
 """
 
@@ -18,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from app.config import Settings
-from app.console import exhaustion_pages, pages, update_pages
+from app.console import erasure_pages, exhaustion_pages, pages, update_pages
 from app.console.forms import SecurityHeaders
 from app.console.session import Sessions
 from app.http.keys import Keys
@@ -41,6 +42,7 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.include_router(pages.router)
     app.include_router(update_pages.router)
     app.include_router(exhaustion_pages.router)
+    app.include_router(erasure_pages.router)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="console-static")
     # Every answer under PREFIX, the pages' and the static files' and the router's 404s alike.
     app.add_middleware(SecurityHeaders, prefix=PREFIX)
