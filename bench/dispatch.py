@@ -15,6 +15,8 @@ All on PostgreSQL, against one trivial downstream (an aiohttp process answering 
 - tracing on (issue 35): one worker draining with every span exported over OTLP/HTTP to a
   collector of its own (bench/otlp_sink.py), in turn with the rounds above, and the latency
   path again with `serve` and the worker both exporting.
+- encryption on (issue 47): one worker draining bodies sealed with AES-256-GCM under a key
+  ring (queue keys digested), opening each, in turn with the rounds above.
 - the forwarding client's ceiling (bench client) in the same run.
 """
 
@@ -30,7 +32,9 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import aiohttp
 import psycopg
 
+from app.privacy.keyring import KeyRing, new_key_text, parse_index_key, parse_keys
 from app.store import NewUpdate, open_store
+from app.store.codec import PLAIN, Codec
 from app.store.migrate import upgrade
 from bench import client
 from bench.child import free_port, process
@@ -41,6 +45,10 @@ from bench.otlp_sink import exported_spans
 from bench.store import POSTGRES_URL
 
 ROUNDS = 3  # of PgQueuer and one worker in turn, for the headline ratio
+# Encryption on: a fresh ring for the run, as the workers' environment and the loader's codec.
+_KEYS, _INDEX = new_key_text("bench")
+SEALING = {"INTAKE_ENCRYPTION_KEYS": _KEYS, "INTAKE_INDEX_KEY": _INDEX}
+RING = KeyRing(parse_keys(_KEYS), parse_index_key(_INDEX))
 
 PGQUEUER_WORKER = """
 import asyncio, sys
@@ -79,12 +87,14 @@ async def drain_ours(
     analyzed: bool,
     history: bool = True,
     traces: str | None = None,
+    sealed: bool = False,
 ) -> float:
     """Updates settled per second by `workers` worker processes. With `analyzed`, the table
     is analysed after the rows are in and the clock starts after that; without, the clock
     starts when they are in, and the planner has what the workers themselves gather (as on a
     table that the intake fills). `history`: the workers record every attempt (the default).
-    `traces`: the workers export their spans to this OTLP/HTTP collector (tracing on)."""
+    `traces`: the workers export their spans to this OTLP/HTTP collector (tracing on).
+    `sealed`: encryption on: the rows go in sealed, and the workers open them (issue 47)."""
     async with fresh_schema() as (url, _):
         upgrade(url)
         env = worker_env(
@@ -93,6 +103,7 @@ async def drain_ours(
             INTAKE_POLL_INTERVAL_SECONDS="1",
             INTAKE_ATTEMPT_HISTORY="true" if history else "false",
             **_traced(traces),
+            **(SEALING if sealed else {}),
         )
         # The default bot is named `default`.
         rows = [
@@ -100,7 +111,7 @@ async def drain_ours(
             for n in range(1, count + 1)
         ]
         async with _workers(env, workers):
-            store = await open_store(url)
+            store = await open_store(url, codec=Codec(RING) if sealed else PLAIN)
             try:
                 for start in range(0, count, 5_000):
                     chunk = rows[start : start + 5_000]
@@ -279,6 +290,7 @@ async def main(*, quick: bool = False) -> str:
         peers: list[float] = []
         singles: list[float] = []
         traced: list[float] = []
+        sealed: list[float] = []
         spans: list[int] = []
         for round_ in range(1 if quick else ROUNDS):
             print(f"bench dispatch: PgQueuer, round {round_ + 1}", file=sys.stderr)
@@ -288,6 +300,8 @@ async def main(*, quick: bool = False) -> str:
             print(f"bench dispatch: 1 worker, tracing on, round {round_ + 1}", file=sys.stderr)
             traced.append(await drain_ours(downstream, 1, count, analyzed=True, traces=sink))
             spans.append(await exported_spans(sink))
+            print(f"bench dispatch: 1 worker, encryption on, round {round_ + 1}", file=sys.stderr)
+            sealed.append(await drain_ours(downstream, 1, count, analyzed=True, sealed=True))
         peer = statistics.median(peers)
         ours: dict[tuple[int, bool], float] = {(1, True): statistics.median(singles)}
         unrecorded: dict[int, float] = {}  # analysed, attempt history off
@@ -359,6 +373,17 @@ async def main(*, quick: bool = False) -> str:
         f"{statistics.median(traced):,.0f} | "
         f"{statistics.median(on / off for on, off in zip(traced, singles, strict=True)):.2f} | "
         f"{sum(spans) / (count * len(spans)):.2f} |",
+        "",
+        "Encryption on (issue 47, docs/privacy.md): the same drain with every body sealed "
+        "(AES-256-GCM) and queue keys digested, the worker opening each, in turn with the "
+        "rounds above (target: on / off at least 0.90):",
+        "",
+        "| drain, 1 worker, analysed | encryption off, updates/s | on, updates/s | on / off "
+        "(median of rounds) |",
+        "| --- | --- | --- | --- |",
+        f"| median of {len(sealed)} rounds | {statistics.median(singles):,.0f} | "
+        f"{statistics.median(sealed):,.0f} | "
+        f"{statistics.median(on / off for on, off in zip(sealed, singles, strict=True)):.2f} |",
         "",
         f"Latency at 200 updates/s for {seconds} s, `serve` and one `worker` process, tracing "
         f"off and on (on: {spans_traced:,} spans exported for {int(200 * seconds):,} updates):",

@@ -21,6 +21,9 @@ dropped afterwards; a temporary SQLite file), the same across rounds.
   the server has stopped; and the intake with 1 trace in 10 sampled
   (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`). The rows without are tracing off, as the
   product runs by default.
+- encryption on (issue 47, docs/privacy.md): the durable intake on PostgreSQL and on SQLite
+  with a key ring (bodies sealed with AES-256-GCM, queue keys and subjects digested), each beside
+  itself without one; the target: on costs at most 10 %.
 - the durable intake on PostgreSQL served by granian rather than uvicorn: issue 33 asks
   whether another ASGI server serves the product better (it could not keep the connection
   limits of `app.http.server`; bench/intake_servers.py says which).
@@ -52,6 +55,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from app.privacy.keyring import new_key_text
 from app.store.engine import create_sync_engine
 from app.store.schema import DEFAULT_TABLE
 from bench.child import free_port, process
@@ -78,12 +82,16 @@ BARE = "bare ASGI on uvicorn, the same checks, stores nothing"
 POSTGRES_TRACED = "durable intake, PostgreSQL, tracing on"
 POSTGRES_SAMPLED = "durable intake, PostgreSQL, tracing on, 1 in 10 sampled"
 CEILING_TRACED = "no-store ceiling, tracing on"
+POSTGRES_SEALED = "durable intake, PostgreSQL, encryption on"
+SQLITE_SEALED = "durable intake, SQLite, encryption on"
 SERVERS = (  # label, server kind, storage backend; PostgreSQL first: it sets the fixed rate
     (POSTGRES, "intake", "postgresql"),
+    (POSTGRES_SEALED, "intake", "postgresql"),
     (POSTGRES_TRACED, "intake", "postgresql"),
     (POSTGRES_SAMPLED, "intake", "postgresql"),
     (GRANIAN, "granian", "postgresql"),
     (SQLITE, "intake", "sqlite"),
+    (SQLITE_SEALED, "intake", "sqlite"),
     (CEILING, "ceiling", "sqlite"),
     (CEILING_TRACED, "ceiling", "sqlite"),
     (BARE, "bare", None),
@@ -98,6 +106,10 @@ TRACED: dict[str, tuple[str, dict[str, str]]] = {
     POSTGRES_SAMPLED: (POSTGRES, SAMPLED),
     CEILING_TRACED: (CEILING, {}),
 }
+# Encryption on: each beside the same server without a ring, and the ring (a fresh one per run).
+_KEYS, _INDEX = new_key_text("bench")
+SEALING = {"INTAKE_ENCRYPTION_KEYS": _KEYS, "INTAKE_INDEX_KEY": _INDEX}
+ENCRYPTED: dict[str, str] = {POSTGRES_SEALED: POSTGRES, SQLITE_SEALED: SQLITE}
 WARM = "warm-up"  # a measurement's key prefix for its warm-up load
 # Run at half the PostgreSQL intake's 64-connection rate; the ceiling is the control: the
 # latency the generator and the HTTP server add by themselves.
@@ -332,6 +344,24 @@ def tracing_table(
     return table([*head, "spans exported / 200s"], rows)
 
 
+def encryption_table(rounds: dict[str, list[dict[int | str, Load]]]) -> list[str]:
+    """Each durable intake with a key ring beside itself without, at 64 connections: the
+    median of each round's own ratio (both from the same minutes), and the medians."""
+    top = CONNECTIONS[-1]
+    head = ["encryption", "off req/s", "on req/s", "on / off (median of rounds)", "target"]
+    rows = []
+    for sealed, plain in ENCRYPTED.items():
+        on = median_load([loads[top] for loads in rounds[sealed]])
+        off = median_load([loads[top] for loads in rounds[plain]])
+        ratios = sorted(
+            a[top].rate / b[top].rate for a, b in zip(rounds[sealed], rounds[plain], strict=True)
+        )
+        ratio = ratios[(len(ratios) - 1) // 2]
+        verdict = "met" if ratio >= 0.9 else "MISSED"
+        rows.append([sealed, f"{off.rate:,.0f}", f"{on.rate:,.0f}", f"{ratio:.2f}", verdict])
+    return table(head, rows)
+
+
 def report(
     rounds: dict[str, list[dict[int | str, Load]]],
     results: dict[str, dict[int | str, Load]],
@@ -348,6 +378,8 @@ def report(
         *paced_table(results, seconds),
         "",
         *tracing_table(rounds, spans),
+        "",
+        *encryption_table(rounds),
         "",
         *verdicts(rounds, results),
         "",
@@ -388,9 +420,11 @@ async def main(*, quick: bool = False) -> str:
                     traces = None
                     if label in TRACED:
                         traces = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink, **TRACED[label][1]}
+                    if label in ENCRYPTED:
+                        traces = SEALING  # the server's environment, beside os.environ
                     loads = await measure(kind, urls[label], seconds, warm_up, ids, traces)
                     rounds[label].append(loads)
-                    if traces is not None:
+                    if label in TRACED:
                         spans[label].append(await exported_spans(sink))
         for label, kind, _ in SERVERS:
             if label in PACED_SERVERS:

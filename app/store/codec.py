@@ -37,18 +37,22 @@ PREFIX = "enc1:"
 DIGEST_PREFIX = "h1:"
 NONCE_BYTES = 12
 DIGEST_BYTES = 16  # 128 bits: no two of a table's identifiers meet by chance
+DIGEST_CACHE = 65_536  # identifiers whose digest a codec keeps (a few MiB at most)
 
 
 class Codec:
     """Seals and opens stored values under a key ring, or passes them through without one."""
 
-    __slots__ = ("_ciphers", "_current", "_index", "ring")
+    __slots__ = ("_ciphers", "_current", "_digests", "_index", "ring")
 
     def __init__(self, ring: KeyRing | None = None) -> None:
         self.ring = ring
         self._ciphers = {} if ring is None else {i: AESGCM(k) for i, k in ring.keys}
         self._current = None if ring is None else (ring.current, self._ciphers[ring.current])
         self._index = None if ring is None else ring.index_key
+        # The digests of recent identifiers: a chat's updates come in runs, and each names
+        # its ids more than once (the queue key, the sender, the chat). In memory only.
+        self._digests: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"Codec({self.ring!r})"
@@ -100,8 +104,14 @@ class Codec:
         """What the store keeps of an identifier it compares but need not read."""
         if self._index is None:
             return identifier
-        mac = hmac.new(self._index, identifier.encode(), hashlib.sha256).digest()
-        return DIGEST_PREFIX + base64.urlsafe_b64encode(mac[:DIGEST_BYTES]).decode()[:22]
+        found = self._digests.get(identifier)
+        if found is None:
+            if len(self._digests) >= DIGEST_CACHE:
+                self._digests.clear()
+            mac = hmac.new(self._index, identifier.encode(), hashlib.sha256).digest()
+            found = DIGEST_PREFIX + base64.urlsafe_b64encode(mac[:DIGEST_BYTES]).decode()[:22]
+            self._digests[identifier] = found
+        return found
 
     def digest_optional(self, identifier: str | None) -> str | None:
         return None if identifier is None else self.digest(identifier)
