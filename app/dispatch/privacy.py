@@ -28,12 +28,18 @@ async def erasures_forever(store: OperatorStore, clock: DatabaseClock) -> None:
     """Work every requested erasure to its end (none below revision 0009)."""
 
     async def erase() -> None:
-        for done in await store.work_on_erasures(clock.now, lease_ms=ERASURE_LEASE_MS):
+        finished = await store.work_on_erasures(clock.now, lease_ms=ERASURE_LEASE_MS)
+        for done in finished:
             verb = "would erase" if done.dry_run else "erased"
             log.info(
                 "erasure %d of bot %r (%s): %s %d updates, %d attempts, %d events",
                 done.id, done.bot, done.kind, verb, done.updates, done.attempts, done.events,
             )  # fmt: skip
+        if any(not done.dry_run and done.updates for done in finished):
+            # PostgreSQL keeps a deleted row's bytes in its page until a vacuum frees them for
+            # reuse: ask for one now rather than when autovacuum's threshold is met (SQLite
+            # zeroes them as it deletes: secure_delete).
+            await store.reclaim_space(min_dead_rows=1, scale=0.0, min_age_seconds=0.0)
 
     await repeat_forever("erasures", erase, pause_for(ERASURE_CHECK_SECONDS))
 
