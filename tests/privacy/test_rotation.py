@@ -4,6 +4,7 @@ and `keys status` counts what is where."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -12,7 +13,15 @@ from app.store import Completed, ExhaustionFilter, Failed, NewUpdate, SqlUpdateS
 from app.store.codec import PLAIN, Codec
 from app.store.errors import MissingKeys
 from tests.conftest import Storage, table_rows
-from tests.privacy.rings import test_ring
+from tests.downstream import (
+    FakeDownstream,
+    bot,
+    dispatching,
+    eventually,
+    now_ms,
+    settings_for,
+)
+from tests.privacy.rings import INDEX_KEY_TEXT, key_text, test_ring
 
 BOT = "shop"
 PERSON = {"id": 61_001, "is_bot": False, "first_name": "Zelphinia"}
@@ -136,3 +145,45 @@ async def test_a_ring_that_lacks_a_key_in_use_refuses_to_start(storage: Storage)
                 await store.check_key_ring(at=2)
         finally:
             await store.close()
+
+
+async def test_a_rotation_under_load_loses_nothing_and_delivers_nothing_twice(
+    storage: Storage, downstream: FakeDownstream
+) -> None:
+    url = storage.url()
+    old = await open_store(url, codec=Codec(test_ring("k1")))
+    try:
+        await old.check_key_ring(at=1)
+        await old.add_many([update(n) for n in range(1, 301)])  # a backlog under k1
+    finally:
+        await old.close()
+    ring = {"encryption_keys": f"k2:{key_text('k2')},k1:{key_text('k1')}"}
+    settings = settings_for(url, bot(downstream, name=BOT), **ring, index_key=INDEX_KEY_TEXT)
+    mover = await open_store(url, codec=Codec(test_ring("k2", "k1")))
+    try:
+        async with dispatching(settings) as (_, store):
+
+            async def post() -> None:  # the intake goes on meanwhile
+                for first in range(301, 601, 20):
+                    await store.add_many([update(n) for n in range(first, first + 20)])
+                    await asyncio.sleep(0.01)
+
+            async def rotate() -> None:
+                while (await mover.count_keys(at=now_ms())).get("k1", 0):
+                    await mover.reencrypt(limit=25)
+
+            await asyncio.gather(post(), rotate())
+
+            async def delivered() -> bool:
+                stats = await store.stats()
+                return bool(stats) and stats[0].states == {"completed": 600}
+
+            await eventually(delivered, within=60)
+        counts = await mover.count_keys(at=now_ms())
+    finally:
+        await mover.close()
+    received = [r.update_id for r in downstream.received]
+    assert sorted(set(received)) == list(range(1, 601)), "lost"
+    assert len(received) == 600, "delivered twice"
+    assert counts.get("k1") == 0
+    assert counts["none"] == 0

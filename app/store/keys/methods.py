@@ -134,7 +134,7 @@ class KeyMethods(SqlCore):
                     rows = (await connection.execute(keys.count_values(sealed.table, column))).all()
                     for row in rows:
                         totals[row.key_id] = totals.get(row.key_id, 0) + int(row.stored)
-            registered = (await connection.execute(keys.keys_holding_values(table, ids=()))).all()
+            registered = (await connection.execute(keys.registered(table))).all()
         at = validate.millis("at", at)
         async with self.transaction() as connection:
             for key_id in {row.key_id for row in registered} | (totals.keys() - {NONE}):

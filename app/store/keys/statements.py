@@ -85,6 +85,11 @@ def keys_holding_values(keys: Table, *, ids: Sequence[str]) -> Select[Any]:
     return select(keys.c.key_id).where(keys.c.key_id.not_in(list(ids)), holding)
 
 
+def registered(keys: Table) -> Select[tuple[str]]:
+    """Every key id the registry knows, held values or not."""
+    return select(keys.c.key_id)
+
+
 def count_values(table: Table, column: str) -> Select[str, int]:
     """The values of one column by the key id each is sealed under ('none': as it is)."""
     value = table.c[column]
