@@ -26,6 +26,7 @@ from app.cli.terminal import (
     print_json,
     rate_argument,
     table,
+    telegram_id_argument,
     time_text,
     vars_of,
     when_argument,
@@ -112,12 +113,6 @@ def _rate_limit(settings: Settings, args: argparse.Namespace) -> int:
 # -- updates and attempts ------------------------------------------------------------------------
 
 
-def _telegram_id_text(value: str) -> str:
-    if not value.lstrip("-").isdigit() or len(value.lstrip("-")) > 19:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a Telegram id (an integer)")
-    return value
-
-
 def _updates(settings: Settings, args: argparse.Namespace) -> int:
     names = [args.bot] if args.bot else [bot.name for bot in settings.bots]
     if args.bot and not known_bot(settings, args.bot):
@@ -130,7 +125,7 @@ def _updates(settings: Settings, args: argparse.Namespace) -> int:
         received_after=args.received_after,
         received_before=args.received_before,
         contains=args.contains,
-        user=args.user,
+        user=None if args.user is None else str(args.user),
     )
 
     async def work(store: OperatorStore) -> int:
@@ -322,7 +317,7 @@ def add_commands(commands: Commands) -> None:
     updates.add_argument("--contains", help="a substring of the raw update")
     updates.add_argument(
         "--user",
-        type=_telegram_id_text,
+        type=telegram_id_argument,
         help="a user's or chat's id named anywhere in the update (sender, member, reply...)",
     )
     updates.add_argument("--limit", type=int, default=50, help="rows (default 50)")

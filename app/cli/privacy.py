@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 from app.cli.operations import run_on_store
 from app.cli.service import Commands
-from app.cli.terminal import actor
+from app.cli.terminal import actor, bot_argument, telegram_id_argument
 from app.config import Settings
 from app.store import OperatorStore, validate
 from app.store.operator_types import Erasure, ErasureKind
@@ -95,23 +95,6 @@ def _forget_bot(settings: Settings, args: argparse.Namespace) -> int:
     return run_on_store(settings, lambda store: _erase(store, bot, "bot", None, args))
 
 
-def _bot_name(value: str) -> str:
-    try:
-        return validate.bot_name(value)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _telegram_id(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a Telegram id (an integer)") from None
-    if abs(number) >= 1 << 63:
-        raise argparse.ArgumentTypeError(f"{value!r} is out of a Telegram id's range")
-    return number
-
-
 def _waiting(command: argparse.ArgumentParser) -> None:
     command.add_argument("--dry-run", action="store_true", help="count only, erase nothing")
     command.add_argument("--json", action="store_true", help="print the job as JSON")
@@ -144,10 +127,10 @@ def add_commands(commands: Commands) -> None:
         "member, contact, forward origin, reply, ...). Waits for the end unless --no-wait. "
         "Example: telegram-intake erase shop --user 123456789 --dry-run",
     )
-    erase.add_argument("bot", type=_bot_name)
+    erase.add_argument("bot", type=bot_argument)
     subject = erase.add_mutually_exclusive_group(required=True)
-    subject.add_argument("--user", type=_telegram_id, help="a user's id")
-    subject.add_argument("--chat", type=_telegram_id, help="a chat's id")
+    subject.add_argument("--user", type=telegram_id_argument, help="a user's id")
+    subject.add_argument("--chat", type=telegram_id_argument, help="a chat's id")
     _waiting(erase)
     erase.set_defaults(handler=_erase_command)
     forget = commands.add_parser(
@@ -155,7 +138,7 @@ def add_commands(commands: Commands) -> None:
         help="erase everything a bot stored (a bot that stops: the Terms, 4.2)",
         description="Example: telegram-intake forget-bot oldbot --yes",
     )
-    forget.add_argument("bot", type=_bot_name)
+    forget.add_argument("bot", type=bot_argument)
     forget.add_argument("--yes", action="store_true", help="yes, erase it all for good")
     _waiting(forget)
     forget.set_defaults(handler=_forget_bot)

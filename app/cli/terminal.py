@@ -50,6 +50,17 @@ def bot_argument(value: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def telegram_id_argument(value: str) -> int:
+    """A user's or a chat's id, as Telegram numbers them (negative for groups and channels)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Telegram id (an integer)") from None
+    if abs(number) >= 1 << 63:
+        raise argparse.ArgumentTypeError(f"{value!r} is out of a Telegram id's range")
+    return number
+
+
 def rate_argument(value: str) -> float | None:
     """Attempts per second, or `off` (None: no limit)."""
     if value == "off":

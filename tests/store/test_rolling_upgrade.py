@@ -207,7 +207,12 @@ async def _run_fleet(
     with processes(tmp_path) as start:
         old_serve = start("old-serve", env("old", port=ports["old"]), "serve")
         old_worker = start("old-worker", env("old"), "worker")
-        async with httpx.AsyncClient(timeout=10) as client:
+        # The client lets an idle connection go after 1 s, well inside the servers' 5 s
+        # keep-alive (INTAKE_KEEP_ALIVE_SECONDS). Its default (5 s) reused the old serve's
+        # connection after the upgrade's long pause just as the server closed it, and the
+        # POST met the close (httpx.ReadError, seen once on a busy machine).
+        limits = httpx.Limits(keepalive_expiry=1.0)
+        async with httpx.AsyncClient(timeout=10, limits=limits) as client:
             await until_serving(client, ports["old"], old_serve)
             await eventually(old_worker.started, within=STARTUP)
             for update in BEFORE:
