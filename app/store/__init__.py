@@ -3,7 +3,8 @@
 The contract is `app.store.contract`, its three levels composed of the roles each family
 offers. Each family is a package holding its `roles`, `statements` (the SQL), `methods` and
 `conformance` rules: `records`, `claims`, `settles`, `exhaustions`, `control`, `views`, `events`,
-`polling`, `sessions`. `app.store.store` composes the families' methods flat over
+`polling`, `sessions`, `erasures`, `keys`; personal data crosses one seam, `app.store.sealing`
+over `app.store.codec`. `app.store.store` composes the families' methods flat over
 `app.store.core`; what differs between SQLite and PostgreSQL is `app.store.backends`;
 `app.store.conformance.check` checks any store against the contract.
 """
