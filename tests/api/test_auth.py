@@ -73,7 +73,7 @@ async def _every_route_refuses_without_a_key(sqlite_api: Api) -> None:
             continue
         for method in sorted(methods):
             concrete = path.replace("{bot}", "shop").replace("{update_id}", "1")
-            concrete = concrete.replace("{action}", "redrive")
+            concrete = concrete.replace("{action}", "redrive").replace("{erasure_id}", "1")
             response = await sqlite_api.http.request(method, concrete)
             if path.startswith(CONSOLE):
                 assert response.status_code == 303, (method, path, response.status_code)

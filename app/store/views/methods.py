@@ -55,7 +55,8 @@ class ViewMethods(SqlCore):
 
     def _summary(self, row: Any) -> StoredUpdate:
         fields = {name: getattr(row, name) for name in views.SUMMARY}
-        return StoredUpdate(**(fields | {"error": self._error(row)}))
+        erased = getattr(row, "erased_at", None)  # revision 0009
+        return StoredUpdate(**(fields | {"error": self._error(row), "erased_at": erased}))
 
     async def stats(self) -> list[BotStats]:
         """Rows by bot and state, in bot order (one scan of the table: an operator's call)."""

@@ -101,8 +101,9 @@ def search_updates(
             else literal(True)
         )
         body = [t.c.body] if chosen.contains is not None and sealed_bodies else []
+        erased = [t.c.erased_at] if "erased_at" in t.c else []  # revision 0009
         branch = (
-            select(*(t.c[name] for name in SUMMARY), hit.label("hit"), *body)
+            select(*(t.c[name] for name in SUMMARY), *erased, hit.label("hit"), *body)
             .where(*rules)
             .order_by(t.c.received_at.desc(), t.c.update_id.desc())
             .limit(limit)

@@ -160,6 +160,8 @@ class UpdateView(Message):
     claim_id: str | None
     exhausted_at: EpochMillis | None
     acknowledged_at: EpochMillis | None
+    # When retention erased its body (the row stays); None before, or below revision 0009.
+    erased_at: EpochMillis | None = None
 
 
 class BotCounts(Message):
