@@ -23,8 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 
 from app.store.predicates import Upsert
-from app.store.records.statements import RecordedRow
-from app.store.types import ClaimIdentity, Ordering, Settlement
+from app.store.types import ClaimIdentity, Ordering, RecordedRow, Settlement
 
 Numbers = dict[str, int]  # claim_next_owned's now, lease_until, max_attempts, limit and window
 

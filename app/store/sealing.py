@@ -17,8 +17,7 @@ from typing import Any, overload
 from app.store import history
 from app.store.codec import Codec
 from app.store.errors import Undecryptable
-from app.store.records.statements import RecordedRow
-from app.store.types import NewUpdate, Settlement
+from app.store.types import NewUpdate, RecordedRow, Settlement
 
 
 class Sealing:

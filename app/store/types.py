@@ -6,7 +6,7 @@ All are frozen dataclasses; times are integer epoch milliseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from app.store import validate
 
@@ -203,3 +203,18 @@ class NewUpdate:
             type(subject) is not int for subject in self.subjects
         ):
             raise ValueError(f"subjects {self.subjects!r:.80} is not a tuple of ids")
+
+
+class RecordedRow(NamedTuple):
+    """A new row as `add_many` inserts it: a `NewUpdate` as stored, its body sealed and its
+    identifiers digested by the store's codec (`Sealing._stored_rows`); its fields are
+    `records.statements.ADD_COLUMNS`, which the backends' batch statements read."""
+
+    bot: str
+    update_id: int
+    body: str
+    update_type: str | None
+    queue_key: str | None
+    received_at: int
+    trace_context: str | None
+    subjects: str

@@ -81,8 +81,7 @@ from app.store.backends.postgres_statements import (
     settle_many_parameters,
 )
 from app.store.claims import statements as claims
-from app.store.records.statements import RecordedRow
-from app.store.types import ClaimIdentity, Ordering, Settlement
+from app.store.types import ClaimIdentity, Ordering, RecordedRow, Settlement
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, OID
 from app.store import history
 from app.store.predicates import live, matches
 from app.store.records import statements as records
-from app.store.records.statements import RecordedRow
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, Settlement
+from app.store.types import ClaimIdentity, RecordedRow, Settlement
 
 # The database's own counters of each table (a view of the statistics system).
 STAT_USER_TABLES = catalog_view(

@@ -51,9 +51,8 @@ from app.store.backends.sqlite_statements import (
 from app.store.backends.sqlite_writer import Prepared, Result, Transaction, Writer
 from app.store.claims import statements as claims
 from app.store.history import ended_many
-from app.store.records.statements import RecordedRow
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, Ordering, Settlement
+from app.store.types import ClaimIdentity, Ordering, RecordedRow, Settlement
 
 
 class SqliteBackend(Backend):

@@ -29,9 +29,8 @@ from sqlalchemy.sql.expression import FromClause
 from app.store import history
 from app.store.predicates import identity_is, in_state
 from app.store.records import statements as records
-from app.store.records.statements import RecordedRow
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity
+from app.store.types import ClaimIdentity, RecordedRow
 
 
 def add(t: Table) -> Insert:

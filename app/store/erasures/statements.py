@@ -163,12 +163,6 @@ def finish(erasures: Table, *, erasure_id: int, held: int, at: int) -> Returning
     )
 
 
-def unfinished(erasures: Table, *, bots: Sequence[str]) -> Select[Any]:
-    """Whether a job of these bots is still to finish."""
-    e = erasures.c
-    return select(func.count()).where(and_(e.state != "done", e.bot.in_(list(bots))))
-
-
 def erase_bodies(
     t: Table, *, bot: str, settled_before: int, at: int, limit: int
 ) -> ReturningUpdate[Any]:

@@ -3,7 +3,7 @@ what is delivered and old. Each builder is named after the store method that run
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -39,20 +39,6 @@ ADD_COLUMNS = {
     "trace_context": Text,  # revision 0007: inserted where the table has it
     "subjects": Text,  # revision 0009: likewise
 }
-
-
-class RecordedRow(NamedTuple):
-    """A new row as `add_many` inserts it: a `NewUpdate` as stored, its body sealed and its
-    identifiers digested by the store's codec (`SqlCore._stored_rows`). Fields: ADD_COLUMNS."""
-
-    bot: str
-    update_id: int
-    body: str
-    update_type: str | None
-    queue_key: str | None
-    received_at: int
-    trace_context: str | None
-    subjects: str
 
 
 def add_many(t: Table, batch: FromClause, upsert: Upsert) -> Insert:
