@@ -6,7 +6,6 @@ itself while it waits, whichever takes it first."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -16,10 +15,9 @@ from app.cli.operations import run_on_store
 from app.cli.service import Commands
 from app.cli.terminal import actor, bot_argument, telegram_id_argument
 from app.config import Settings
-from app.store import OperatorStore, validate
+from app.dispatch.privacy import worked_until_done
+from app.store import OperatorStore
 from app.store.operator_types import Erasure, ErasureKind
-
-LEASE_MS = 30_000  # as the workers' (app.dispatch.privacy)
 
 
 def _keys_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -51,12 +49,10 @@ async def _erase(
     erasure_id = await store.request_erasure(
         bot, kind=kind, subject=subject, at=now(), by=actor(), dry_run=args.dry_run
     )
-    done = await store.get_erasure(erasure_id)
-    while not args.no_wait and done is not None and done.state != "done":
-        await store.work_on_erasures(now, lease_ms=LEASE_MS)
+    if args.no_wait:
         done = await store.get_erasure(erasure_id)
-        if done is not None and done.state != "done":  # another process holds it: wait
-            await asyncio.sleep(0.5)
+    else:
+        done = await worked_until_done(store, erasure_id, now)
     assert done is not None
     _report(done, args.json)
     return 0
@@ -79,8 +75,7 @@ def _report(done: Erasure, as_json: bool) -> None:
 def _erase_command(settings: Settings, args: argparse.Namespace) -> int:
     kind: ErasureKind = "user" if args.user is not None else "chat"
     subject = args.user if args.user is not None else args.chat
-    bot = validate.bot_name(args.bot)
-    return run_on_store(settings, lambda store: _erase(store, bot, kind, subject, args))
+    return run_on_store(settings, lambda store: _erase(store, args.bot, kind, subject, args))
 
 
 def _forget_bot(settings: Settings, args: argparse.Namespace) -> int:
@@ -91,8 +86,7 @@ def _forget_bot(settings: Settings, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    bot = validate.bot_name(args.bot)
-    return run_on_store(settings, lambda store: _erase(store, bot, "bot", None, args))
+    return run_on_store(settings, lambda store: _erase(store, args.bot, "bot", None, args))
 
 
 def _waiting(command: argparse.ArgumentParser) -> None:

@@ -4,7 +4,6 @@ POSTed forms only, never in a URL (which access logs keep)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -16,15 +15,16 @@ from app.console.forms import (
     back_to,
     render_page,
     signed_in,
+    telegram_id_field,
     visible_bot,
     visible_bots,
 )
+from app.dispatch.privacy import worked_until_done
 from app.store.operator_types import Erasure
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
 COUNT_WITHIN_SECONDS = 10.0  # a dry run the console waits for before it says "counting"
-LEASE_MS = 30_000  # as the workers'
 
 
 @router.get("/erasures")
@@ -43,10 +43,10 @@ def _subject(form: dict[str, str]) -> tuple[Literal["user", "chat"], int]:
         kind = "chat"
     else:
         raise HTTPException(400, "choose whose updates: a user's or a chat's")
-    text = form.get("subject", "").strip()
-    if not text.lstrip("-").isdigit() or len(text.lstrip("-")) > 19:
-        raise HTTPException(400, f"{kind} id: {text[:40]!r} is not a Telegram id (an integer)")
-    return kind, int(text)
+    subject = telegram_id_field(form.get("subject", ""), f"{kind} id")
+    if subject is None:
+        raise HTTPException(400, f"{kind} id: give the id of whose updates to erase")
+    return kind, subject
 
 
 @router.post("/erasures/count")
@@ -60,15 +60,7 @@ async def count(request: Request) -> Response:
     dry = await store.request_erasure(
         bot, kind=kind, subject=subject, at=services.now(), by=session.key.label, dry_run=True
     )
-    job = await store.get_erasure(dry)
-    deadline = asyncio.get_running_loop().time() + COUNT_WITHIN_SECONDS
-    while job is not None and job.state != "done":
-        if asyncio.get_running_loop().time() > deadline:
-            break
-        await store.work_on_erasures(services.now, lease_ms=LEASE_MS)
-        job = await store.get_erasure(dry)
-        if job is not None and job.state != "done":
-            await asyncio.sleep(0.2)
+    job = await worked_until_done(store, dry, services.now, within=COUNT_WITHIN_SECONDS)
     return render_page(
         request,
         "erasures.html",

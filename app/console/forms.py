@@ -212,6 +212,17 @@ async def read_form(request: Request) -> dict[str, str]:
     return {name: values[0] for name, values in fields.items()}
 
 
+def telegram_id_field(value: str, name: str) -> int | None:
+    """A user's or a chat's id field: empty, or an integer (negative for groups and channels)."""
+    value = value.strip()
+    if not value:
+        return None
+    digits = value.removeprefix("-")
+    if not digits.isdigit() or len(digits) > 19:
+        raise HTTPException(400, f"{name}: {value[:40]!r} is not a Telegram id (an integer)")
+    return int(value)
+
+
 def time_field(value: str, name: str) -> int | None:
     """A time field: empty, epoch ms, or an ISO 8601 date and time (UTC unless it says)."""
     value = value.strip()

@@ -18,6 +18,7 @@ from app.console.forms import (
     back_to,
     render_page,
     signed_in,
+    telegram_id_field,
     time_field,
     visible_bot,
     visible_bots,
@@ -39,8 +40,7 @@ async def updates(request: Request) -> Response:
     query = {name: request.query_params.get(name, "") for name in SEARCH_FIELDS}
     names = visible_bots(request, session)
     chosen_bots = [visible_bot(request, session, query["bot"])] if query["bot"] else names
-    if query["user"] and not query["user"].lstrip("-").isdigit():
-        raise HTTPException(400, f"user {query['user']!r:.40} is not a Telegram id (an integer)")
+    user = telegram_id_field(query["user"], "user")
     state = query["state"] or None
     if state is not None and state not in STATES:
         raise HTTPException(400, f"state {state!r} is not one of {', '.join(STATES)}")
@@ -62,7 +62,7 @@ async def updates(request: Request) -> Response:
             received_after=time_field(query["received_after"], "received after"),
             received_before=time_field(query["received_before"], "received before"),
             contains=query["contains"] or None,
-            user=query["user"] or None,
+            user=None if user is None else str(user),
         )
         page = await app_services(request).store.search_updates(
             chosen, after=cursor, limit=ROWS_PER_PAGE

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from app.bot_settings import BotSettings
 from app.dispatch.clock import DatabaseClock
 from app.dispatch.maintenance import pause_for, repeat_forever
 from app.store import OperatorStore
+from app.store.erasures.roles import Erasures
+from app.store.operator_types import Erasure
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,24 @@ async def erasures_forever(store: OperatorStore, clock: DatabaseClock) -> None:
             await store.reclaim_space(min_dead_rows=1, scale=0.0, min_age_seconds=0.0)
 
     await repeat_forever("erasures", erase, pause_for(ERASURE_CHECK_SECONDS))
+
+
+async def worked_until_done(
+    store: Erasures, erasure_id: int, now: Callable[[], int], *, within: float | None = None
+) -> Erasure | None:
+    """Work requested erasures here (`erasure_id` among them) until that one is done, waiting
+    while another process holds it: for a command or a page that waits for its own rather
+    than for the workers. Gives up after `within` seconds (None: never); the job as it stands."""
+    deadline = None if within is None else time.monotonic() + within
+    job = await store.get_erasure(erasure_id)
+    while job is not None and job.state != "done":
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        await store.work_on_erasures(now, lease_ms=ERASURE_LEASE_MS)
+        job = await store.get_erasure(erasure_id)
+        if job is not None and job.state != "done":  # another process holds it
+            await asyncio.sleep(0.2)
+    return job
 
 
 async def reencryption_forever(store: OperatorStore, *, interval: float) -> None:

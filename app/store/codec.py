@@ -120,6 +120,29 @@ class Codec:
 PLAIN = Codec()
 
 
+# Where each sealed value is bound (its associated data): its column and its row, as every
+# writer and reader of that column names them. A value opens only where it was sealed.
+def body_at(bot: str, update_id: int) -> str:
+    return f"body:{bot}:{update_id}"
+
+
+def error_at(bot: str, update_id: int) -> str:
+    """An update's error: the row's and its attempt history's share the one excerpt."""
+    return f"error:{bot}:{update_id}"
+
+
+def event_at(kind: str, at: int) -> str:
+    return f"event:{kind}:{at}"
+
+
+def audit_at(action: str, at: int) -> str:
+    return f"audit:{action}:{at}"
+
+
+def erasure_at(bot: str) -> str:
+    return f"erasure:{bot}"
+
+
 def key_of(stored: str | None) -> str | None:
     """The key id a stored value is sealed under; None for plaintext (or no value)."""
     if stored is None or not stored.startswith(PREFIX):

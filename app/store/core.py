@@ -19,7 +19,7 @@ from app.store import audit as audit_statements
 from app.store import history, validate
 from app.store import outbox as outbox_statements
 from app.store.backend import Backend, History
-from app.store.codec import PLAIN, Codec
+from app.store.codec import PLAIN, Codec, audit_at
 from app.store.errors import UPGRADE_HINT, SchemaError, translated_errors
 from app.store.revision import _LEVELS, capability_of, read_revision
 from app.store.schema import (
@@ -120,6 +120,9 @@ class SqlCore(Sealing):
         # Per bot filter: the next chat claim's window and the claims left to skip it
         # (`app.store.claims.chat_order.next_window`).
         self._chat_windows: dict[tuple[str, ...] | None, tuple[int, int]] = {}
+        # The re-encryption's place in each table, by name (`app.store.keys.methods`): a pass
+        # walks each in key order to its end (None: walked to its end in this pass).
+        self._reencrypt_after: dict[str, tuple[Any, ...] | None] = {}
         self.revision: Revision = revision
         self._capability: Capability = capability_of(revision)
         self._backend: Backend = self._connect(engine)
@@ -351,7 +354,7 @@ class SqlCore(Sealing):
             target=target,
             detail=self.codec.seal_optional(
                 None if detail is None else json.dumps(detail, sort_keys=True),
-                f"audit:{action}:{at}",
+                audit_at(action, at),
             ),
             matched=matched,
             changed=changed,

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Insert, Table, Text, cast, func, insert, literal, select
 from sqlalchemy.sql.expression import CTE
 
-from app.store.codec import PLAIN, Codec
+from app.store.codec import PLAIN, Codec, event_at
 from app.store.operator_types import EventType
 from app.store.predicates import SPENT_ERROR
 
@@ -45,7 +45,7 @@ def record(events: Table, made: Sequence[Made], codec: Codec = PLAIN) -> Insert:
     rows = [
         {
             "type": event.type,
-            "data": codec.seal(json.dumps(event.data), f"event:{event.type}:{event.at}"),
+            "data": codec.seal(json.dumps(event.data), event_at(event.type, event.at)),
             "created_at": event.at,
             "due_at": event.at,
             **({"trace_context": event.trace_context} if traced else {}),
@@ -63,7 +63,7 @@ def _update_columns(event: Made) -> dict[str, Any]:
 
 def opened_data(row: Any, codec: Codec) -> str:
     """A read event's data (type, created_at, data) as `record` was given it."""
-    return codec.open(row.data, f"event:{row.type}:{row.created_at}")
+    return codec.open(row.data, event_at(row.type, row.created_at))
 
 
 # The fields of exhaustion.created, as both the store's methods and a claim's own statement

@@ -2,9 +2,9 @@
 personal data is written and read through these, so no family seals or opens a value its own
 way, and a new column cannot forget (docs/privacy.md, docs/design.md decision 6).
 
-Each value is bound to its column and row as the codec's associated data: `body:BOT:ID`,
-`error:BOT:ID` (the row's error and its history's share the one excerpt), `event:TYPE:AT`,
-`audit:ACTION:AT` and `erasure:BOT`.
+Each value is bound to its column and row as the codec's associated data, named once for every
+writer and reader by `app.store.codec` (`body_at`, `error_at`, `event_at`, `audit_at`,
+`erasure_at`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, overload
 
 from app.store import history
-from app.store.codec import Codec
+from app.store.codec import Codec, audit_at, body_at, error_at
 from app.store.errors import Undecryptable
 from app.store.types import NewUpdate, RecordedRow, Settlement
 
@@ -33,7 +33,7 @@ class Sealing:
             RecordedRow(
                 row.bot,
                 row.update_id,
-                codec.seal(row.body, f"body:{row.bot}:{row.update_id}"),
+                codec.seal(row.body, body_at(row.bot, row.update_id)),
                 row.update_type,
                 codec.digest_optional(row.queue_key),
                 row.received_at,
@@ -50,7 +50,7 @@ class Sealing:
 
     def _body(self, row: Any) -> str:
         """A read row's body (bot, update_id, body), opened."""
-        return self.codec.open(row.body, f"body:{row.bot}:{row.update_id}")
+        return self.codec.open(row.body, body_at(row.bot, row.update_id))
 
     def _body_or_why(self, row: Any) -> tuple[str, str | None]:
         """A claimed row's body, or ("", why not) when the ring cannot open it: a worker ends
@@ -69,13 +69,13 @@ class Sealing:
         length, `history.MAX_ERROR_CHARS`), sealed. A downstream's answer may echo its user's
         words; the row and its history share the one value."""
         stored = history.excerpt(error)
-        return self.codec.seal_optional(stored, f"error:{bot}:{update_id}")
+        return self.codec.seal_optional(stored, error_at(bot, update_id))
 
     def _error(self, row: Any) -> str | None:
         """A read row's error (bot, update_id, error), opened; what kept it from opening, in
         brackets, when the ring cannot (an operator's listing goes on past it)."""
         try:
-            return self.codec.open_optional(row.error, f"error:{row.bot}:{row.update_id}")
+            return self.codec.open_optional(row.error, error_at(row.bot, row.update_id))
         except Undecryptable as error:
             return f"[unreadable: {error}]"
 
@@ -91,6 +91,6 @@ class Sealing:
         """A read audit entry's detail (action, at, detail), opened: a filter may name a chat
         or quote a body."""
         try:
-            return self.codec.open_optional(row.detail, f"audit:{row.action}:{row.at}")
+            return self.codec.open_optional(row.detail, audit_at(row.action, row.at))
         except Undecryptable as error:
             return json.dumps({"unreadable": str(error)})

@@ -21,6 +21,7 @@ from sqlalchemy import Table
 
 from app.privacy.subjects import subjects_of
 from app.store import outbox, validate
+from app.store.codec import erasure_at
 from app.store.core import SqlCore, check_actor
 from app.store.erasures import statements as erasures
 from app.store.errors import Undecryptable
@@ -62,7 +63,7 @@ class ErasureMethods(SqlCore):
         if subject is not None and (type(subject) is not int or abs(subject) >= 1 << 63):
             raise ValueError(f"{kind} id {subject!r} is not an integer id")
         stored = None if subject is None else self.codec.digest(str(subject))
-        sealed = None if subject is None else self.codec.seal(str(subject), f"erasure:{bot}")
+        sealed = None if subject is None else self.codec.seal(str(subject), erasure_at(bot))
         statement = erasures.request_erasure(
             table,
             bot=bot,
@@ -185,7 +186,7 @@ class ErasureMethods(SqlCore):
             if not done.dry_run:
                 data: dict[str, Any] = {"bot": done.bot, "kind": done.kind, "erasure": done.id}
                 if job.subject_sealed is not None:  # read from the job as taken: now forgotten
-                    subject = int(self.codec.open(job.subject_sealed, f"erasure:{done.bot}"))
+                    subject = int(self.codec.open(job.subject_sealed, erasure_at(done.bot)))
                     data[f"{done.kind}_id"] = subject
                 counts = {"updates": done.updates, "attempts": done.attempts}
                 data |= counts | {"events": done.events}

@@ -26,7 +26,7 @@ from sqlalchemy import ColumnElement, Table, and_, not_
 
 from app.privacy.subjects import subjects_of
 from app.store import validate
-from app.store.codec import DIGEST_PREFIX
+from app.store.codec import DIGEST_PREFIX, audit_at, body_at, erasure_at, error_at, event_at
 from app.store.core import SqlCore
 from app.store.errors import MissingKeys, Undecryptable
 from app.store.keys import statements as keys
@@ -45,23 +45,21 @@ class _Sealed:
     table: Table
     key: tuple[str, ...]
     columns: dict[str, Callable[[Any], str]]
+    binds: tuple[str, ...] = ()  # the columns besides the key that `columns` bind a value to
 
 
 class KeyMethods(SqlCore):
-    # The re-encryption's place in each table: a pass walks each in key order to its end.
-    _reencrypt_after: dict[str, tuple[Any, ...] | None]
-
     def _keys(self, feature: str) -> Table:
         return self._needing(self.keys_table, feature, "0009")
 
     def _sealed_tables(self) -> list[_Sealed]:
         """Every table with a sealed column, in the order a pass walks them."""
-        error = lambda row: f"error:{row.bot}:{row.update_id}"  # noqa: E731
+        error = lambda r: error_at(r.bot, r.update_id)  # noqa: E731
         found = [
             _Sealed(
                 self.table,
                 ("bot", "update_id"),
-                {"body": lambda row: f"body:{row.bot}:{row.update_id}", "error": error},
+                {"body": lambda r: body_at(r.bot, r.update_id), "error": error},
             )
         ]
         if self.attempts_table is not None:
@@ -69,21 +67,14 @@ class KeyMethods(SqlCore):
                 _Sealed(self.attempts_table, ("bot", "update_id", "attempt"), {"error": error})
             )
         if self.events_table is not None:
-            found.append(
-                _Sealed(
-                    self.events_table, ("id",), {"data": lambda r: f"event:{r.type}:{r.created_at}"}
-                )
-            )
+            where = {"data": lambda r: event_at(r.type, r.created_at)}
+            found.append(_Sealed(self.events_table, ("id",), where, ("type", "created_at")))
         if self.audit_table is not None:
-            found.append(
-                _Sealed(self.audit_table, ("id",), {"detail": lambda r: f"audit:{r.action}:{r.at}"})
-            )
+            where = {"detail": lambda r: audit_at(r.action, r.at)}
+            found.append(_Sealed(self.audit_table, ("id",), where, ("action", "at")))
         if self.erasures_table is not None:
-            found.append(
-                _Sealed(
-                    self.erasures_table, ("id",), {"subject_sealed": lambda r: f"erasure:{r.bot}"}
-                )
-            )
+            where = {"subject_sealed": lambda r: erasure_at(r.bot)}
+            found.append(_Sealed(self.erasures_table, ("id",), where, ("bot",)))
         return found
 
     async def register_key(self, *, at: int) -> None:
@@ -150,7 +141,7 @@ class KeyMethods(SqlCore):
         rewrote. 0 once a whole pass found nothing left: the pass starts again from the top on
         the next call."""
         limit = validate.positive("limit", limit)
-        after = self.__dict__.setdefault("_reencrypt_after", {})
+        after = self._reencrypt_after
         for sealed in self._sealed_tables():
             name = sealed.table.name
             if name in after and after[name] is None:
@@ -183,9 +174,7 @@ class KeyMethods(SqlCore):
         self, sealed: _Sealed, after: tuple[Any, ...] | None, limit: int
     ) -> tuple[int, tuple[Any, ...] | None]:
         also, read = self._also(sealed)
-        extra = {"events": ["type", "created_at"], "audit": ["action", "at"], "erasures": ["bot"]}
-        suffix = sealed.table.name.removeprefix(self.table.name).lstrip("_")
-        read = [*read, *extra.get(suffix, [])]
+        read = [*read, *sealed.binds]
         statement = keys.stale_rows(
             sealed.table,
             key=sealed.key,
