@@ -4,7 +4,9 @@
 --
 -- Thread t sends update_ids FIRST + t * 10^9 + 0, 1, 2, ...: distinct across threads and
 -- connections. BODY_TEMPLATE is string.format'ed with (update_id, n, chat, chat, n), where n
--- counts this thread's requests and chat is one of 1,000 private chats. done() prints one JSON
+-- counts this thread's requests and chat is one of 1,000 private chats, their ids spread over
+-- 10^8 to 7.1 * 10^9 as Telegram's user ids are (consecutive ids would keep every index on the
+-- chat next to its neighbours, as no real bot's traffic does). done() prints one JSON
 -- line: completed requests, non-2xx answers, socket errors, p50/p99 in microseconds, and how
 -- many requests were sent (some may still be in flight when wrk stops).
 
@@ -26,7 +28,7 @@ end
 
 function request()
   local update_id = first + sent
-  local chat = 1000000 + update_id % 1000
+  local chat = 100000000 + (update_id % 1000) * 2654435761 % 7000000000
   local body = string.format(template, update_id, sent, chat, chat, sent)
   sent = sent + 1
   return wrk.format(nil, nil, nil, body)

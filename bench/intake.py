@@ -369,7 +369,7 @@ def report(
     seconds: float,
     warm_up: float,
 ) -> str:
-    size = len(TEMPLATE % (SPAN, 1234, 1000234, 1000234, 1234))
+    size = len(TEMPLATE % (SPAN, 1234, 5_234_567_890, 5_234_567_890, 1234))
     lines = [
         *closed_table(rounds),
         "",
