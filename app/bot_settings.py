@@ -1,66 +1,60 @@
 """One bot's settings: `BotOptions`, what a bot may set beyond its name and secret (the
 environment sets them for the `default` bot, a `[[bots]]` table for each named bot), and
-`BotSettings`, a whole bot. `app.config.Settings` holds them.
+`BotSettings`, a whole bot with its destinations. `app.config.Settings` holds them. The
+delivery options a bot sets (`app.destinations.settings.DeliveryOptions`) are its `default`
+destination's and its other destinations' defaults.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Annotated, Literal
 
 from pydantic import (
     AnyHttpUrl,
-    BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     field_validator,
     model_validator,
 )
 
+from app.destinations.routing import unreachable
+from app.destinations.settings import (
+    DEFAULT_DEADLINES,
+    DeliveryOptions,
+    Destination,
+    DestinationSettings,
+    Mode,
+    check_signing_secret,
+    refuse_undelivered,
+    resolve,
+)
 from app.store import validate
-from app.store.types import Capability, Ordering
+from app.store.types import Ordering
 from app.webhook_rules import MAX_CONNECTIONS_LOCAL, check_secret_token, update_types_problem
 
-Mode = Literal["plain", "fenced", "durable"]
-# Past these ages (seconds from receipt) a delivery can no longer help: Telegram has already
-# given up on the answer (inline and callback queries) or on the payment step.
-DEFAULT_DEADLINES = {
-    "inline_query": 30.0,
-    "callback_query": 150.0,
-    "shipping_query": 10.0,
-    "pre_checkout_query": 10.0,
-}
+__all__ = [
+    "DEFAULT_DEADLINES",
+    "BotOptions",
+    "BotSettings",
+    "Mode",
+    "check_signing_secret",
+]
 
 
-class BotOptions(BaseModel):
+class BotOptions(DeliveryOptions):
     """What a bot may set beyond its name and secret; the environment sets them for the
     `default` bot, a `[[bots]]` table for each named bot."""
 
     bot_token: SecretStr | None = None
     downstream_url: AnyHttpUrl | None = None
-    downstream_secret_token: SecretStr | None = None
-    signing_secret: SecretStr | None = None
-    exhaustion_url: AnyHttpUrl | None = None
-    mode: Mode = "durable"
-    max_attempts: int = Field(8, ge=1, le=1000)
-    lease_seconds: float = Field(60, gt=0, le=86_400)
     ordering: Ordering = "chat"
-    concurrency: int = Field(64, ge=1, le=10_000)  # this bot's requests in flight, per process
-    forward_timeout_seconds: float = Field(30, gt=0, le=3600)
-    retry_base_seconds: float = Field(2, gt=0, le=86_400)
-    retry_cap_seconds: float = Field(600, gt=0, le=7 * 86_400)
-    retry_after_cap_seconds: float = Field(600, ge=0, le=7 * 86_400)
-    # Update type -> seconds from receipt; merged over DEFAULT_DEADLINES, 0 turns one off.
-    deadlines: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_DEADLINES))
-    breaker_failures: int = Field(5, ge=0, le=10_000)  # consecutive failures; 0: no breaker
     # What `set-webhook` registers with Telegram (None: none sent). allowed_updates: names
     # of app.queues.QUEUES; max_connections: 1-100, up to 100000 with a local Bot API server
     # (Settings checks it against bot_api_url).
     allowed_updates: tuple[str, ...] | None = None
     max_connections: int | None = Field(None, ge=1, le=MAX_CONNECTIONS_LOCAL)
-    breaker_cooldown_seconds: float = Field(30, gt=0, le=86_400)
     # Where updates come from (docs/contract.md section 11): Telegram's webhook, or getUpdates long
     # polling by one process of the cluster (needs bot_token), each batch recorded before it is
     # confirmed; the long poll's timeout and batch size are getUpdates' own.
@@ -74,16 +68,6 @@ class BotOptions(BaseModel):
         None
     )
 
-    @field_validator("downstream_secret_token")
-    @classmethod
-    def _check_downstream_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        return check_secret_token(value)
-
-    @field_validator("signing_secret")
-    @classmethod
-    def _check_signing_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        return check_signing_secret(value)
-
     @field_validator("allowed_updates")
     @classmethod
     def _check_allowed_updates(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -91,14 +75,6 @@ class BotOptions(BaseModel):
         if problem is not None:
             raise ValueError(problem)
         return value
-
-    @field_validator("deadlines")
-    @classmethod
-    def _merge_deadlines(cls, value: dict[str, float]) -> dict[str, float]:
-        for update_type, seconds in value.items():
-            if seconds < 0:
-                raise ValueError(f"{update_type}: {seconds} is negative (0 turns it off)")
-        return {**DEFAULT_DEADLINES, **value}
 
     @model_validator(mode="after")
     def _polling_has_a_token(self) -> BotOptions:
@@ -119,16 +95,6 @@ class BotOptions(BaseModel):
             object.__setattr__(self, "ordering", "none")
         return self
 
-    @property
-    def capability(self) -> Capability:
-        """The table capability this bot's mode needs (docs/design.md decision 1)."""
-        return "base" if self.mode == "plain" else self.mode
-
-    def deadline_ms(self, update_type: str | None) -> int | None:
-        """How long after receipt an update of this type is still worth delivering."""
-        seconds = self.deadlines.get(update_type or "")
-        return int(seconds * 1000) if seconds else None
-
 
 class BotSettings(BotOptions):
     """One bot: how Telegram reaches it here, and where its updates go."""
@@ -137,6 +103,9 @@ class BotSettings(BotOptions):
 
     name: str
     secret_token: SecretStr
+    # Its [[bots.destinations]] tables; `targets` resolves them with downstream_url's default.
+    destinations: tuple[DestinationSettings, ...] = ()
+    _targets: tuple[Destination, ...] = PrivateAttr(())
 
     @field_validator("name")
     @classmethod
@@ -153,15 +122,21 @@ class BotSettings(BotOptions):
         """What needs the table's capability, for `store.require`'s refusal."""
         return f"bot {self.name!r} in {self.mode} mode"
 
+    @model_validator(mode="after")
+    def _resolve_destinations(self) -> BotSettings:
+        token = None if self.bot_token is None else self.bot_token.get_secret_value()
+        prefix = (token or "").partition(":")[0]
+        bot_id = int(prefix) if prefix.isdigit() else None
+        options = self.delivery_options()
+        self._targets = resolve(self.name, self.downstream_url, options, self.destinations, bot_id)
+        refuse_undelivered(self.name, self._targets)
+        if self.allowed_updates is not None:
+            problems = unreachable(self._targets, self.allowed_updates)
+            if problems:
+                raise ValueError(f"bot {self.name!r}: {'; '.join(problems)}")
+        return self
 
-def check_signing_secret(value: SecretStr | None) -> SecretStr | None:
-    """A Standard Webhooks signing secret: whsec_ and base64 of at least 16 bytes."""
-    if value is not None:
-        secret = value.get_secret_value().removeprefix("whsec_")
-        try:
-            key = base64.b64decode(secret, validate=True)
-        except binascii.Error:
-            key = b""
-        if len(key) < 16:
-            raise ValueError("must be whsec_ and base64 of at least 16 random bytes")
-    return value
+    @property
+    def targets(self) -> tuple[Destination, ...]:
+        """Every destination of this bot, resolved: `default` first when it has one."""
+        return self._targets

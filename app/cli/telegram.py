@@ -25,6 +25,7 @@ from app.cli.webhook_checks import (
     url_problems,
 )
 from app.config import Settings
+from app.destinations.routing import needed_updates, unreachable
 from app.fake_bot_api import TOKEN as FAKE_TOKEN
 from app.queues import OPT_IN
 from app.webhook_rules import (
@@ -100,10 +101,13 @@ def _set_webhook(settings: Settings, args: argparse.Namespace) -> int:
                 f"every type but {', '.join(OPT_IN)})"
             )
     if allowed:
+        source = "--allowed-updates" if args.allowed_updates is not None else "allowed_updates"
         problem = update_types_problem(allowed)
         if problem is not None:
-            source = "--allowed-updates" if args.allowed_updates is not None else "allowed_updates"
             problems.append(f"{source}: {problem}")
+        problems += [f"{source}: {problem}" for problem in unreachable(bot.targets, allowed)]
+    elif allowed is None:  # what the destinations' filters need (None: Telegram's default)
+        allowed = needed_updates(bot.targets)
     connections = bot.max_connections
     if args.max_connections is not None:
         connections = args.max_connections
