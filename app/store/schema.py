@@ -47,10 +47,16 @@ from sqlalchemy import (
 
 from app.store import validate
 from app.store.schema_beside import (
+    DELIVERY_CHECK as DELIVERY_CHECK,
+)
+from app.store.schema_beside import (
     ERASURE_KINDS as ERASURE_KINDS,
 )
 from app.store.schema_beside import (
     ERASURE_STATES as ERASURE_STATES,
+)
+from app.store.schema_beside import (
+    NON_TERMINAL as NON_TERMINAL,
 )
 from app.store.schema_beside import (
     OUTCOME_CHECK as OUTCOME_CHECK,
@@ -59,7 +65,13 @@ from app.store.schema_beside import (  # the tables beside the updates table
     OUTCOMES as OUTCOMES,
 )
 from app.store.schema_beside import (
+    UNACKNOWLEDGED as UNACKNOWLEDGED,
+)
+from app.store.schema_beside import (
     add_access_tables as add_access_tables,
+)
+from app.store.schema_beside import (
+    add_destination_tables as add_destination_tables,
 )
 from app.store.schema_beside import (
     add_operator_tables as add_operator_tables,
@@ -80,6 +92,15 @@ from app.store.schema_beside import (
     bots_table_name as bots_table_name,
 )
 from app.store.schema_beside import (
+    deliveries_table_name as deliveries_table_name,
+)
+from app.store.schema_beside import (
+    delivery_attempts_table_name as delivery_attempts_table_name,
+)
+from app.store.schema_beside import (
+    destinations_table_name as destinations_table_name,
+)
+from app.store.schema_beside import (
     erasures_table_name as erasures_table_name,
 )
 from app.store.schema_beside import (
@@ -94,8 +115,10 @@ from app.store.schema_beside import (
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
-Revision = Literal["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009"]
-HEAD: Revision = "0009"
+Revision = Literal[
+    "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"
+]  # fmt: skip
+HEAD: Revision = "0010"
 # What each revision adds, in order: `revision_of` reads a live schema by it (the columns of
 # the updates table, the tables beside it by their suffix, and their columns).
 ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
@@ -107,11 +130,13 @@ ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0007": ("trace_context",),
     "0008": (),
     "0009": ("subjects", "erased_at"),
+    "0010": (),
 }
 ADDED_TABLES: dict[Revision, tuple[str, ...]] = {
     "0004": ("_attempts", "_bots", "_audit", "_events"),
     "0005": ("_audit_bots", "_sessions"),
     "0009": ("_erasures", "_keys"),
+    "0010": ("_deliveries", "_delivery_attempts", "_destinations"),
 }
 ADDED_COLUMNS_BESIDE: dict[Revision, dict[str, tuple[str, ...]]] = {
     "0008": {"_events": ("trace_context",)},
@@ -122,10 +147,12 @@ BESIDE_WIDENED = sorted({suffix for added in ADDED_COLUMNS_BESIDE.values() for s
 # queue_rule of a row whose queue_key this code computed: Telegram's queues as `app.queues`
 # reads them (Bot API 10.0). A later table that moves a queue takes the next number.
 QUEUE_RULE = 1
-# Rows a worker may still deliver; the ordering index and chat ordering only look at these.
-NON_TERMINAL = "state IN ('pending', 'processing', 'failed')"
-UNACKNOWLEDGED = "exhausted_at IS NOT NULL AND acknowledged_at IS NULL"
 STATE_CHECK = "state IN (" + ", ".join(f"'{s}'" for s in STATES) + ")"
+
+
+def state_check(revision: Revision) -> str:
+    """The updates table's CHECK on `state` at `revision`."""
+    return STATE_CHECK if revision >= "0010" else DELIVERY_CHECK
 
 
 def owns_function_name(table: str) -> str:
@@ -189,7 +216,7 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         metadata,
         *columns,
         PrimaryKeyConstraint("bot", "update_id", name=f"pk_{table}"),
-        CheckConstraint(STATE_CHECK, name=f"ck_{table}_state"),
+        CheckConstraint(state_check(revision), name=f"ck_{table}_state"),
     )
     Index(f"ix_{table}_state_due", updates.c.state, updates.c.due_at)
     Index(
@@ -245,6 +272,8 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         add_access_tables(metadata, table)
     if revision >= "0009":
         add_privacy_tables(metadata, table)
+    if revision >= "0010":
+        add_destination_tables(metadata, table)
     return metadata
 
 

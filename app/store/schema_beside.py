@@ -1,6 +1,6 @@
 """The tables beside the updates table, each named after it: operator control's (revision
-0004), who may see what (0005) and personal data's (0009). `app.store.schema` draws them with
-the updates table and re-exports what others import."""
+0004), who may see what (0005), personal data's (0009) and the destinations' (0010).
+`app.store.schema` draws them with the updates table and re-exports what others import."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ from sqlalchemy import (
     Text,
     text,
 )
+
+from app.store.types import DELIVERY_STATES
+
+# Rows a worker may still deliver; the ordering index and chat ordering only look at these.
+NON_TERMINAL = "state IN ('pending', 'processing', 'failed')"
+UNACKNOWLEDGED = "exhausted_at IS NOT NULL AND acknowledged_at IS NULL"
+# A delivery's states: every state but `unrouted`, and the updates table's before 0010.
+DELIVERY_CHECK = "state IN (" + ", ".join(f"'{s}'" for s in DELIVERY_STATES) + ")"
 
 # Attempt outcomes as `_attempts` records them (NULL while the attempt runs, and for an
 # attempt whose lease lapsed before it ended: a reader calls that one "lost").
@@ -256,4 +264,113 @@ def add_privacy_tables(metadata: MetaData, table: str) -> None:
         Column("counted_at", BigInteger, nullable=True),
         Column("stored_values", BigInteger, nullable=True),
         PrimaryKeyConstraint("key_id", name=f"pk_{keys}"),
+    )
+
+
+def deliveries_table_name(table: str) -> str:
+    return f"{table}_deliveries"
+
+
+def delivery_attempts_table_name(table: str) -> str:
+    return f"{table}_delivery_attempts"
+
+
+def destinations_table_name(table: str) -> str:
+    return f"{table}_destinations"
+
+
+def add_destination_tables(metadata: MetaData, table: str) -> None:
+    """Revision 0010 (docs/design.md decision 7): every destination's deliveries but
+    `default`'s, which stay in the update's row. `_deliveries`: one row per (update,
+    destination) with the row's delivery columns under their names and its partial indexes;
+    `_delivery_attempts`: their attempt history, as `_attempts` is `default`'s;
+    `_destinations`: pause, rate and breaker per destination, as `_bots` holds `default`'s."""
+    deliveries = deliveries_table_name(table)
+    rows = Table(
+        deliveries,
+        metadata,
+        Column("bot", Text, nullable=False),
+        Column("destination", Text, nullable=False),
+        Column("update_id", BigInteger, nullable=False),
+        Column("queue_key", Text, nullable=True),  # the update's, as stored; NULL: unordered
+        Column("state", Text, nullable=False),
+        Column("attempts", Integer, nullable=False),
+        Column("uncounted", Integer, nullable=False, server_default=text("0")),
+        Column("due_at", BigInteger, nullable=False),
+        Column("received_at", BigInteger, nullable=False),  # the update's
+        Column("settled_at", BigInteger, nullable=True),
+        Column("error", Text, nullable=True),
+        Column("claim_id", Text, nullable=True),
+        Column("exhausted_at", BigInteger, nullable=True),
+        Column("acknowledged_at", BigInteger, nullable=True),
+        Column("delivery_due_at", BigInteger, nullable=True),
+        Column("deliveries", Integer, nullable=False, server_default=text("0")),
+        PrimaryKeyConstraint("bot", "destination", "update_id", name=f"pk_{deliveries}"),
+        CheckConstraint(DELIVERY_CHECK, name=f"ck_{deliveries}_state"),
+    )
+    Index(f"ix_{deliveries}_update", rows.c.bot, rows.c.update_id)
+    Index(f"ix_{deliveries}_state_due", rows.c.state, rows.c.due_at)
+    Index(
+        f"ix_{deliveries}_queue",
+        rows.c.bot,
+        rows.c.destination,
+        rows.c.queue_key,
+        rows.c.update_id,
+        postgresql_where=text(NON_TERMINAL),
+        sqlite_where=text(NON_TERMINAL),
+    )
+    Index(
+        f"ix_{deliveries}_due",
+        rows.c.due_at,
+        postgresql_where=text(NON_TERMINAL),
+        sqlite_where=text(NON_TERMINAL),
+    )
+    Index(
+        f"ix_{deliveries}_unacknowledged",
+        rows.c.bot,
+        rows.c.destination,
+        rows.c.update_id,
+        postgresql_where=text(UNACKNOWLEDGED),
+        sqlite_where=text(UNACKNOWLEDGED),
+    )
+    Index(
+        f"ix_{deliveries}_delivery_due",
+        rows.c.delivery_due_at,
+        postgresql_where=text(UNACKNOWLEDGED),
+        sqlite_where=text(UNACKNOWLEDGED),
+    )
+    attempts = delivery_attempts_table_name(table)
+    Table(
+        attempts,
+        metadata,
+        Column("bot", Text, nullable=False),
+        Column("destination", Text, nullable=False),
+        Column("update_id", BigInteger, nullable=False),
+        Column("attempt", Integer, nullable=False),
+        Column("claim_id", Text, nullable=False),
+        Column("started_at", BigInteger, nullable=False),
+        Column("ended_at", BigInteger, nullable=True),
+        Column("outcome", Text, nullable=True),
+        Column("status_code", Integer, nullable=True),
+        Column("error", Text, nullable=True),
+        Column("worker", Text, nullable=True),
+        PrimaryKeyConstraint("bot", "destination", "update_id", "attempt", name=f"pk_{attempts}"),
+        CheckConstraint(OUTCOME_CHECK, name=f"ck_{attempts}_outcome"),
+    )
+    destinations = destinations_table_name(table)
+    Table(
+        destinations,
+        metadata,
+        Column("bot", Text, nullable=False),
+        Column("destination", Text, nullable=False),
+        Column("paused_at", BigInteger, nullable=True),
+        Column("paused_by", Text, nullable=True),
+        Column("paused_reason", Text, nullable=True),
+        Column("rate_per_second", Double, nullable=True),
+        Column("tokens", Double, nullable=False, server_default=text("0")),
+        Column("refilled_at", BigInteger, nullable=False, server_default=text("0")),
+        Column("breaker", Text, nullable=True),
+        Column("breaker_at", BigInteger, nullable=True),
+        PrimaryKeyConstraint("bot", "destination", name=f"pk_{destinations}"),
+        CheckConstraint("rate_per_second > 0", name=f"ck_{destinations}_rate"),
     )

@@ -10,8 +10,18 @@ from typing import Literal, NamedTuple
 
 from app.store import validate
 
-State = Literal["pending", "processing", "completed", "failed", "abandoned"]
-STATES: tuple[State, ...] = ("pending", "processing", "completed", "failed", "abandoned")
+# `unrouted` (revision 0010): an update whose row holds no delivery, since it does not go to
+# destination `default` (docs/design.md decision 7); terminal, never claimed.
+State = Literal["pending", "processing", "completed", "failed", "abandoned", "unrouted"]
+STATES: tuple[State, ...] = (
+    "pending",
+    "processing",
+    "completed",
+    "failed",
+    "abandoned",
+    "unrouted",
+)
+DELIVERY_STATES: tuple[State, ...] = STATES[:-1]  # what a delivery's own row may be
 Capability = Literal["base", "fenced", "durable"]
 Ordering = Literal["chat", "none"]
 

@@ -18,6 +18,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from app.queues import queue_of
 from app.store import ClaimIdentity, Completed, DueUpdate, SchemaError, SqlUpdateStore, open_store
@@ -156,7 +157,7 @@ def _owns_function_exists(url: str) -> bool:
         return bool(connection.scalar(text(query), {"name": owns_function_name(TABLE)}))
 
 
-@pytest.mark.parametrize("revision", ["0001", "0002", "0003"])
+@pytest.mark.parametrize("revision", ["0001", "0002", "0003", "0009", "0010"])
 def test_upgrade_matches_the_metadata_of_its_revision(storage: Storage, revision: str) -> None:
     _assert_schema_is(storage, storage.url(revision), revision)
 
@@ -532,3 +533,104 @@ def test_revision_0009_names_the_update_of_each_event_recorded_before_it(
     assert sorted(events, key=str) == sorted(
         [("exhaustion.created", "shop", 41), ("bot.paused", None, None)], key=str
     )
+
+
+# Revision 0010 (docs/design.md decision 7): the other destinations beside the update's row.
+HELD = {"claim_id": "c-held", "exhausted_at": None, "acknowledged_at": None}
+DELIVERY = {
+    "bot": "bot-a",
+    "destination": "payments",
+    "update_id": 5,
+    "state": "processing",
+    "attempts": 2,
+    "due_at": NOW + 30_000,
+    "received_at": NOW - 5,
+    "claim_id": "c-pay",
+}
+
+
+def _every_column(url: str) -> list[tuple[Any, ...]]:
+    return table_rows(url, *make_metadata(TABLE, "0009").tables[TABLE].c.keys())
+
+
+def _add(url: str, table: str, row: dict[str, Any]) -> None:
+    with _connect(url) as connection:
+        names, values = ", ".join(row), ", ".join(f":{name}" for name in row)
+        connection.execute(text(f"INSERT INTO {table} ({names}) VALUES ({values})"), row)
+
+
+def test_0010_keeps_every_row_and_lease_and_takes_unrouted_rows(storage: Storage) -> None:
+    url = storage.url("0009")
+    rows = [*ROWS[:1], ROWS[1] | HELD, *ROWS[2:]]
+    _insert(url, [row | {"queue_rule": QUEUE_RULE} for row in rows])
+    before = _every_column(url)
+    unrouted = ROWS[2] | {"update_id": 77, "state": "unrouted", "queue_rule": QUEUE_RULE}
+    with pytest.raises(IntegrityError, match=r"(?i)check"):  # 0009 holds no unrouted row
+        _insert(url, [unrouted])
+    # A connection opened before the upgrade reads the new CHECK after it (SQLite: the
+    # schema version the upgrade raised makes it read the table's SQL again).
+    engine = create_sync_engine(url)
+    try:
+        with engine.connect() as early:
+            early.execute(text(f"SELECT count(*) FROM {TABLE}"))
+            early.commit()  # its schema read, its transaction ended: the upgrade may lock
+
+            upgrade(url)
+
+            with early.begin():
+                names, values = ", ".join(unrouted), ", ".join(f":{n}" for n in unrouted)
+                early.execute(text(f"INSERT INTO {TABLE} ({names}) VALUES ({values})"), unrouted)
+    finally:
+        engine.dispose()
+
+    # Every row as it was, the held lease with its attempt count, claim_id and due time.
+    assert [row for row in _every_column(url) if row[1] != 77] == before
+    _assert_schema_is(storage, url, "0010")
+    _add(url, f"{TABLE}_deliveries", DELIVERY)
+    with pytest.raises(IntegrityError, match=r"(?i)check"):  # a delivery is never unrouted
+        _add(url, f"{TABLE}_deliveries", DELIVERY | {"update_id": 6, "state": "unrouted"})
+
+
+def test_downgrade_from_0010_refuses_while_it_would_lose_a_destinations_rows(
+    storage: Storage,
+) -> None:
+    url = storage.url("head")
+    _insert(url, [ROWS[0] | {"queue_rule": QUEUE_RULE}])
+    _add(url, f"{TABLE}_deliveries", DELIVERY)
+    with pytest.raises(RuntimeError, match="1 deliveries to destinations other than default"):
+        downgrade(url, "0009")
+    with _connect(url) as connection:
+        connection.execute(text(f"DELETE FROM {TABLE}_deliveries"))
+        connection.execute(text(f"UPDATE {TABLE} SET state = 'unrouted'"))
+    with pytest.raises(RuntimeError, match="1 updates that do not go to default"):
+        downgrade(url, "0009")
+    assert current_revision(url) == HEAD
+    with _connect(url) as connection:
+        connection.execute(text(f"UPDATE {TABLE} SET state = 'pending'"))
+
+    downgrade(url, "0009")
+
+    _assert_schema_is(storage, url, "0009")
+    assert table_rows(url, "update_id", "state") == [(TOP, "pending")]
+
+
+def test_the_five_argument_owns_asks_the_destinations_own_row(postgres_storage: Storage) -> None:
+    url = postgres_storage.url("head")
+    _insert(url, [ROWS[1] | HELD | {"queue_rule": QUEUE_RULE, "due_at": 2**62}])
+    live = DELIVERY | {"due_at": 2**62}
+    _add(url, f"{TABLE}_deliveries", live)
+    _add(url, f"{TABLE}_deliveries", live | {"update_id": 6, "due_at": 1})  # lease lapsed
+    owns = owns_function_name(TABLE)
+
+    def asks(*identity: object) -> bool:
+        with _connect(url) as connection:
+            return bool(connection.scalar(text(f"SELECT {owns}(:a, :b, :c, :d, :e)"),
+                                          dict(zip("abcde", identity, strict=True))))  # fmt: skip
+
+    assert asks("bot-b", "default", 1, 1, "c-held")  # default: the update's row
+    assert not asks("bot-b", "default", 1, 1, "c-other")
+    assert asks("bot-a", "payments", 5, 2, "c-pay")
+    assert not asks("bot-a", "payments", 5, 1, "c-pay")  # an earlier attempt
+    assert not asks("bot-a", "payments", 5, 2, "c-held")  # another claim
+    assert not asks("bot-a", "analytics", 5, 2, "c-pay")  # another destination
+    assert not asks("bot-a", "payments", 6, 2, "c-pay")  # its lease has lapsed

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,6 @@ from app.store.schema import DEFAULT_TABLE
 from tests.conftest import Storage, table_rows
 from tests.downstream import FakeDownstream, Received, eventually
 from tests.processes import (
-    ROOT,
     STARTUP,
     environment,
     free_port,
@@ -44,6 +42,7 @@ from tests.processes import (
     processes,
     until_serving,
 )
+from tests.store.releases import release_tree
 
 pytestmark = pytest.mark.slow
 
@@ -167,30 +166,11 @@ class Checked:
         return Response("{}", media_type="application/json")
 
 
-def _old_tree(tmp_path: Path) -> Path:
-    """The release before 0006, as its own importable tree."""
-    tree = tmp_path / "release-before-0006"
-    tree.mkdir()
-    try:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", BEFORE_0006, "app", "alembic", "alembic.ini"],
-            check=True,
-            capture_output=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as error:
-        raise AssertionError(
-            f"this test runs the release before revision 0006 ({BEFORE_0006}) from the "
-            f"repository's history; it needs git and a clone that holds that commit: {error}"
-        ) from error
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    return tree
-
-
 async def _run_fleet(
     storage: Storage, downstream: FakeDownstream, tmp_path: Path, *, keep_trigger: bool
 ) -> Checked:
     url = storage.url("0005")
-    old_tree = _old_tree(tmp_path)
+    old_tree = release_tree(tmp_path, BEFORE_0006, "release-before-0006")
     checked = Checked({u.update_id: u.queue for u in [*BEFORE, *AFTER]})
     downstream.answer = checked.answer
     hook = f"{downstream.url}/hook"
