@@ -38,6 +38,12 @@ REVIEWED = {
     "SQL that SQLAlchemy compiled from app.queues' constants",
     ("app/store/rekey.py", "trigger_ddl"): "the same validated table name and compiled SQL",
     ("app/store/rekey.py", "drop_trigger_ddl"): "the same validated table name",
+    ("alembic/versions/0010_destinations.py", "_state_check"): "the validated table name, "
+    "the constraint name made of it, CHECK texts built from app.store.types' constant states "
+    "(schema.STATE_CHECK, DELIVERY_CHECK), and the schema version SQLite gave, as an int",
+    ("alembic/versions/0010_destinations.py", "_owns_function"): "function and table names "
+    "made of the same validated table name",
+    ("alembic/versions/0010_destinations.py", "downgrade"): "the same validated table names",
     ("app/store/backends/postgres.py", "analyze"): "the store's table name, validated when the "
     "store was opened (validate.table_name) and quoted by the dialect's identifier preparer",
     ("app/store/backends/postgres.py", "vacuum"): "the store's table name, validated when the "

@@ -284,7 +284,9 @@ def add_destination_tables(metadata: MetaData, table: str) -> None:
     `default`'s, which stay in the update's row. `_deliveries`: one row per (update,
     destination) with the row's delivery columns under their names and its partial indexes;
     `_delivery_attempts`: their attempt history, as `_attempts` is `default`'s;
-    `_destinations`: pause, rate and breaker per destination, as `_bots` holds `default`'s."""
+    `_destinations`: pause, rate and breaker per destination, as `_bots` holds `default`'s.
+    Their indexes and constraints are named `_dl_`, so that every name derived from the
+    longest table name (40 characters) fits PostgreSQL's 63."""
     deliveries = deliveries_table_name(table)
     rows = Table(
         deliveries,
@@ -308,10 +310,10 @@ def add_destination_tables(metadata: MetaData, table: str) -> None:
         PrimaryKeyConstraint("bot", "destination", "update_id", name=f"pk_{deliveries}"),
         CheckConstraint(DELIVERY_CHECK, name=f"ck_{deliveries}_state"),
     )
-    Index(f"ix_{deliveries}_update", rows.c.bot, rows.c.update_id)
-    Index(f"ix_{deliveries}_state_due", rows.c.state, rows.c.due_at)
+    Index(f"ix_{table}_dl_update", rows.c.bot, rows.c.update_id)
+    Index(f"ix_{table}_dl_state_due", rows.c.state, rows.c.due_at)
     Index(
-        f"ix_{deliveries}_queue",
+        f"ix_{table}_dl_queue",
         rows.c.bot,
         rows.c.destination,
         rows.c.queue_key,
@@ -320,13 +322,13 @@ def add_destination_tables(metadata: MetaData, table: str) -> None:
         sqlite_where=text(NON_TERMINAL),
     )
     Index(
-        f"ix_{deliveries}_due",
+        f"ix_{table}_dl_due",
         rows.c.due_at,
         postgresql_where=text(NON_TERMINAL),
         sqlite_where=text(NON_TERMINAL),
     )
     Index(
-        f"ix_{deliveries}_unacknowledged",
+        f"ix_{table}_dl_unacknowledged",
         rows.c.bot,
         rows.c.destination,
         rows.c.update_id,
@@ -334,7 +336,7 @@ def add_destination_tables(metadata: MetaData, table: str) -> None:
         sqlite_where=text(UNACKNOWLEDGED),
     )
     Index(
-        f"ix_{deliveries}_delivery_due",
+        f"ix_{table}_dl_delivery_due",
         rows.c.delivery_due_at,
         postgresql_where=text(UNACKNOWLEDGED),
         sqlite_where=text(UNACKNOWLEDGED),
@@ -355,7 +357,7 @@ def add_destination_tables(metadata: MetaData, table: str) -> None:
         Column("error", Text, nullable=True),
         Column("worker", Text, nullable=True),
         PrimaryKeyConstraint("bot", "destination", "update_id", "attempt", name=f"pk_{attempts}"),
-        CheckConstraint(OUTCOME_CHECK, name=f"ck_{attempts}_outcome"),
+        CheckConstraint(OUTCOME_CHECK, name=f"ck_{table}_dl_attempts_outcome"),
     )
     destinations = destinations_table_name(table)
     Table(

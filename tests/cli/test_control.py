@@ -176,10 +176,11 @@ async def test_bots_shows_every_configured_bot_as_a_table_and_as_json(storage: S
     assert set(rows) == {"shop", "news"}
     assert rows["shop"][1:3] == ["running", "-"]
     # shop: four abandoned rows, all open exhaustions; news: 1 pending, 1 processing, 1 done.
-    assert rows["shop"][3:9] == ["0", "0", "0", "0", "4", "4"]
-    assert rows["news"][3:9] == ["1", "1", "1", "0", "0", "0"]
-    assert rows["shop"][9] == "-"
-    assert rows["news"][9].endswith("m")
+    # pending, processing, completed, failed, abandoned, unrouted; open exhaustions
+    assert rows["shop"][3:10] == ["0", "0", "0", "0", "4", "0", "4"]
+    assert rows["news"][3:10] == ["1", "1", "1", "0", "0", "0", "0"]
+    assert rows["shop"][10] == "-"
+    assert rows["news"][10].endswith("m")
     listed = {item["bot"]: item for item in as_json(cli(url, "bots", "--json"))}
     assert set(listed) == {"shop", "news"}
     assert listed["shop"]["counts"] == {"abandoned": 4}

@@ -273,8 +273,10 @@ async def test_owns_in_transaction_works_on_a_table_of_another_name(storage: Sto
             with pytest.raises(exc.DBAPIError):
                 await owns_alone(url, identity, flavour)
         if storage.backend == "postgresql":
-            # Revision 0006's key function and its trigger's are named after the table too.
+            # Revision 0006's key function and its trigger's are named after the table too,
+            # and 0010's five-argument owns beside the four-argument one.
             assert _functions(url) == [
+                "shop_updates_owns",
                 "shop_updates_owns",
                 "shop_updates_queue_key",
                 "shop_updates_queue_key_on_insert",
