@@ -14,6 +14,7 @@ from app.bot_settings import BotSettings
 from app.policy import Outcome, retry_delay_ms
 from app.store import Abandoned, ClaimIdentity, Completed, Failed
 from telegram_intake_kit.wire import (
+    DEFAULT_DESTINATION,
     Acknowledged,
     Identity,
     Owned,
@@ -26,7 +27,7 @@ from telegram_intake_kit.wire import (
 
 RESPONSES: dict[int | str, dict[str, object]] = {
     **REFUSALS,
-    404: {"model": Problem, "description": "the bot is not configured"},
+    404: {"model": Problem, "description": "the bot, or its destination, is not configured"},
     409: {"model": Problem, "description": "a plain bot, or a table below revision 0002"},
 }
 # `owns` and `renew`, asked on every update: lean routes (`app.api.lean`).
@@ -46,6 +47,9 @@ def _fenced(grant: Grant, identity: Identity) -> tuple[BotSettings, ClaimIdentit
         raise HTTPException(
             409, f"bot {bot.name!r} is in plain mode: its attempts carry no identity"
         )
+    named = {DEFAULT_DESTINATION} | {target.name for target in bot.targets}
+    if identity.destination not in named:
+        raise HTTPException(404, f"bot {bot.name!r} has no destination {identity.destination!r}")
     return bot, _identity(identity)
 
 

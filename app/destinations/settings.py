@@ -35,9 +35,10 @@ from pydantic.fields import FieldInfo
 from app.destinations.filters import FilterError, UpdateFilter
 from app.store.types import Capability
 from app.webhook_rules import check_secret_token
+from telegram_intake_kit.wire import DEFAULT_DESTINATION
 
 Mode = Literal["plain", "fenced", "durable"]
-DEFAULT = "default"  # the destination at the bot's downstream_url, kept in the update's row
+DEFAULT = DEFAULT_DESTINATION  # the one at the bot's downstream_url, kept in the update's row
 DESTINATION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 # Past these ages (seconds from receipt) a delivery can no longer help: Telegram has already
 # given up on the answer (inline and callback queries) or on the payment step.

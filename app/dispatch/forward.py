@@ -30,10 +30,12 @@ from app.dispatch.transport import AiohttpTransport
 from app.policy import Outcome, classify, classify_answer, classify_error
 from app.store import ClaimIdentity
 from telegram_intake_kit.forwarded import (
+    DESTINATION_HEADER,
     IDENTITY_SIGNATURE_HEADER,
     RECEIVED_AT_HEADER,
     identity_message,
 )
+from telegram_intake_kit.wire import DEFAULT_DESTINATION
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -88,6 +90,7 @@ class Downstream:
             headers["x-intake-update-id"] = str(identity.update_id)
             headers["x-intake-attempt"] = str(identity.attempt)
             headers["x-intake-claim-id"] = identity.claim_id
+            headers[DESTINATION_HEADER] = DEFAULT_DESTINATION  # its row's delivery
             headers["x-intake-lease-expires-at"] = str(lease_until)
             if received_at is not None:
                 headers[RECEIVED_AT_HEADER] = str(received_at)

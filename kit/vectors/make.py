@@ -52,9 +52,11 @@ class Who:
     update_id: int | str = 12
     attempt: int | str = 3
     claim_id: str = "2b0f6f0e-claim"
+    destination: str = "default"  # the service leaves the header out for default
 
 
 SHOP = Who()
+PAYMENTS = Who(destination="payments")
 
 
 def update(update_id: int | str = 12, text: str = "h\u00e9llo") -> bytes:
@@ -86,6 +88,8 @@ def forwarded(
     if token is not None:
         headers["x-telegram-bot-api-secret-token"] = token
     if who is not None:
+        if who.destination != "default":
+            headers["x-intake-destination"] = who.destination
         headers["x-intake-bot"] = who.bot
         headers["x-intake-update-id"] = str(who.update_id)
         headers["x-intake-attempt"] = str(who.attempt)
@@ -95,13 +99,16 @@ def forwarded(
         if received_at is not None:
             headers["x-intake-received-at"] = str(received_at)
             # The service signs the numbers as it writes them: no leading zeros.
-            number = Who(who.bot, int(who.update_id), int(who.attempt), who.claim_id)
+            number = Who(
+                who.bot, int(who.update_id), int(who.attempt), who.claim_id, who.destination
+            )
             signed = identity_message(number, int(received_at))  # type: ignore[arg-type]
             headers["x-intake-identity-signature"] = sign(
                 identity_secret or secret, signed, at, b""
             )
     if message_id is None and who is not None:
-        message_id = f"{who.bot}:{who.update_id}"
+        named = "" if who.destination == "default" else f"{who.destination}:"
+        message_id = f"{who.bot}:{named}{who.update_id}"
     elif message_id is None:
         message_id = f"shop:{json.loads(body)['update_id']}"
     headers["webhook-id"] = message_id
@@ -135,6 +142,7 @@ def ok(
             "update_id": str(int(who.update_id)),
             "attempt": int(who.attempt),
             "claim_id": who.claim_id,
+            "destination": who.destination,
         }
     return {
         "expect": "ok",
@@ -151,6 +159,7 @@ def rejected(reason: str) -> dict[str, Any]:
 
 NOT_SIGNED = "webhook-signature does not match"
 IDENTITY_NOT_SIGNED = "X-Intake-Identity-Signature does not match"
+NOT_THESE_HEADERS = "webhook-id does not match the identity headers"
 MISSING = "missing webhook-id, webhook-timestamp or webhook-signature"
 TOO_FAR = f"webhook-timestamp is more than {TOLERANCE} s away from now"
 NOT_THIS_UPDATE = "webhook-id is not bot:update_id of this update"
@@ -175,6 +184,7 @@ def cases() -> list[dict[str, Any]]:
         ),
     )
     superscript = str(SENT)[:-1] + "\u00b9"
+    payments = forwarded(who=PAYMENTS)
     return [
         # Accepted
         {"name": "plain request", "headers": plain, **ok(None, received_at=None, lease=None)},
@@ -191,6 +201,7 @@ def cases() -> list[dict[str, Any]]:
             **ok(received_at=None),
         },
         {"name": "rotated signatures, the second matching", "headers": rotated, **ok()},
+        {"name": "identity request of another destination", "headers": payments, **ok(PAYMENTS)},
         {
             "name": "timestamp with a leading zero",
             "headers": changed(full, webhook_timestamp=f"0{SENT}"),
@@ -285,6 +296,23 @@ def cases() -> list[dict[str, Any]]:
         {
             "name": "tampered received_at",
             "headers": changed(full, x_intake_received_at=str(RECEIVED_AT + 1)),
+            **rejected(IDENTITY_NOT_SIGNED),
+        },
+        {
+            "name": "another destination named in flight",
+            "headers": changed(payments, x_intake_destination="analytics"),
+            **rejected(NOT_THESE_HEADERS),
+        },
+        {
+            "name": "a destination added to default's request",
+            "headers": changed(full, x_intake_destination="payments"),
+            **rejected(NOT_THESE_HEADERS),
+        },
+        {
+            "name": "another destination's attempt with default's identity signature",
+            "headers": changed(
+                payments, x_intake_identity_signature=full["x-intake-identity-signature"]
+            ),
             **rejected(IDENTITY_NOT_SIGNED),
         },
         {

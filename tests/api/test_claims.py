@@ -133,6 +133,22 @@ async def test_a_bot_that_is_not_configured_is_404(sqlite_api: Api) -> None:
         assert response.json() == {"error": "no bot 'ghost' is configured"}
 
 
+async def test_a_destination_the_bot_lacks_is_404_and_default_is_what_none_means(
+    api: Api,
+) -> None:
+    identity = await api.claim(lease_ms=30_000)
+    for path, body in requests(identity):
+        response = await api.post(path, body | {"destination": "payments"})
+        assert response.status_code == 404, path
+        assert response.json() == {"error": "bot 'shop' has no destination 'payments'"}
+        malformed_name = await api.post(path, body | {"destination": "Payments"})
+        assert malformed_name.status_code == 422, path
+    # Nothing changed: the claim is live, and `default` named or left out is the same one.
+    for body in (wire(identity), wire(identity) | {"destination": "default"}):
+        response = await api.post("/v1/claims/owns", body)
+        assert response.json() == {"owned": True, "lease_expires_at": (await api.row()).due_at}
+
+
 async def test_a_plain_mode_bot_is_409(sqlite_api: Api) -> None:
     for path, body in requests(ClaimIdentity("legacy", 1, 1, str(uuid.uuid4()))):
         response = await sqlite_api.post(path, body)

@@ -53,6 +53,8 @@ def signed(
     the standardwebhooks package. `identity=None` is a plain bot (no X-Intake-* headers)."""
     headers = {"content-type": "application/json", "x-telegram-bot-api-secret-token": TOKEN}
     if identity is not None:
+        if identity.destination != "default":  # a service before destinations sends none
+            headers["x-intake-destination"] = identity.destination
         headers["x-intake-bot"] = identity.bot
         headers["x-intake-update-id"] = str(identity.update_id)
         headers["x-intake-attempt"] = str(identity.attempt)
@@ -103,6 +105,28 @@ def test_read_forwarded_rejects_a_fence_token_altered_in_flight(header: str, val
     with pytest.raises(Rejected, match="X-Intake-Identity-Signature does not match"):
         read(headers)
     assert read_forwarded(headers, BODY.encode(), secret_token=TOKEN).identity is not None
+
+
+def test_an_attempt_of_another_destination_is_read_keyed_and_signed_with_it() -> None:
+    payments = IDENTITY.model_copy(update={"destination": "payments"})
+    forwarded = read(signed(identity=payments))
+    assert forwarded.identity == payments
+    assert forwarded.identity is not None
+    assert forwarded.identity.key() == "shop:payments:12"  # the signed webhook-id
+    assert forwarded.fence_token == FenceToken(payments, RECEIVED_AT)
+    # Its identity is signed under its own form: default's message is not it.
+    assert identity_message(payments, RECEIVED_AT).startswith("delivery:shop:payments:12:")
+    assert identity_message(IDENTITY, RECEIVED_AT) == (
+        f"identity:shop:12:3:{RECEIVED_AT}:2b0f6f0e-claim"  # as before destinations
+    )
+    # Another destination's name in flight: neither webhook-id nor the identity signature
+    # agree. Without the header (a service before destinations) it is default.
+    with pytest.raises(Rejected, match="webhook-id does not match"):
+        read(signed(identity=payments) | {"x-intake-destination": "analytics"})
+    with pytest.raises(Rejected, match="identity headers invalid"):
+        read(signed(identity=payments) | {"x-intake-destination": "Pay ments"})
+    assert read(signed()).identity == IDENTITY
+    assert IDENTITY.destination == "default"
 
 
 def test_read_forwarded_refuses_a_received_at_that_is_not_signed() -> None:

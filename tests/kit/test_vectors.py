@@ -66,6 +66,7 @@ def test_read_forwarded_does_what_the_vector_says(case: dict[str, Any]) -> None:
             "update_id": str(identity.update_id),
             "attempt": identity.attempt,
             "claim_id": identity.claim_id,
+            "destination": identity.destination,
         } == expected
     assert str(forwarded.update_id) == case["update_id"]
     assert forwarded.received_at == case["received_at"]

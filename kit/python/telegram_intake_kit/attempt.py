@@ -31,6 +31,12 @@ class IntakeAttempt:
     lease_expires_at: int | None
     client: IntakeClient | None = field(default=None, repr=False)
 
+    @property
+    def destination(self) -> str:
+        """The destination this attempt delivers to: `default` for the bot's own downstream,
+        or the name of another (docs/destinations.md); every callback sends it back."""
+        return self.identity.destination
+
     async def owns(self) -> bool:
         """Whether this attempt still holds its lease, asked of the service now. Over HTTP
         it is a hint (a reclaim can pass between the answer and a write): a downstream with

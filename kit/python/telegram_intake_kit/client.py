@@ -14,6 +14,7 @@ import httpx
 from pydantic import BaseModel
 
 from telegram_intake_kit.wire import (
+    DEFAULT_DESTINATION,
     Acknowledged,
     Identity,
     Outcome,
@@ -97,9 +98,7 @@ class IntakeClient:
         return await self._call("/v1/exhaustions/acknowledge", identity, Acknowledged)
 
     async def _call(self, path: str, message: BaseModel, answer: type[Answer]) -> Answer:
-        response = await self._http.post(
-            path, content=message.model_dump_json(exclude_none=True), headers=_JSON
-        )
+        response = await self._http.post(path, content=_json(message), headers=_JSON)
         if not response.is_success:
             try:
                 problem = str(response.json().get("error", response.text))
@@ -110,3 +109,12 @@ class IntakeClient:
 
 
 _JSON = {"content-type": "application/json"}
+
+
+def _json(message: BaseModel) -> str:
+    """The request's JSON: no nulls, and no `destination` when it is `default`, so that a
+    service from before destinations (which refuses fields it does not know) takes it."""
+    defaulted = getattr(message, "destination", None) == DEFAULT_DESTINATION
+    return message.model_dump_json(
+        exclude_none=True, exclude={"destination"} if defaulted else None
+    )

@@ -32,11 +32,12 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from telegram_intake_kit.wire import BOT_PATTERN, MAX_BIGINT, Identity
+from telegram_intake_kit.wire import BOT_PATTERN, DEFAULT_DESTINATION, MAX_BIGINT, Identity
 
 DEFAULT_TOLERANCE_SECONDS = 300.0
 IDENTITY_SIGNATURE_HEADER = "x-intake-identity-signature"
 RECEIVED_AT_HEADER = "x-intake-received-at"
+DESTINATION_HEADER = "x-intake-destination"  # absent (a service before destinations): default
 _IDENTITY_HEADERS = {
     "bot": "x-intake-bot",
     "update_id": "x-intake-update-id",
@@ -123,11 +124,14 @@ class AttemptFields(Protocol):
 
 def identity_message(identity: AttemptFields, received_at: int) -> str:
     """What `X-Intake-Identity-Signature` signs, as a Standard Webhooks message id (with an
-    empty payload). The claim_id, the one field that may hold a colon, comes last."""
-    return (
-        f"identity:{identity.bot}:{identity.update_id}:{identity.attempt}:"
-        f"{received_at}:{identity.claim_id}"
-    )
+    empty payload). The claim_id, the one field that may hold a colon, comes last. A
+    destination other than `default` is signed under its own prefix, so that no message of
+    one form reads as the other; `default`'s is the message of the release before it."""
+    destination = getattr(identity, "destination", DEFAULT_DESTINATION)
+    tail = f"{identity.update_id}:{identity.attempt}:{received_at}:{identity.claim_id}"
+    if destination == DEFAULT_DESTINATION:
+        return f"identity:{identity.bot}:{tail}"
+    return f"delivery:{identity.bot}:{destination}:{tail}"
 
 
 def read_forwarded(
@@ -203,6 +207,7 @@ def _identity(headers: dict[str, str]) -> Identity | None:
                 "update_id": _integer(present["update_id"]),
                 "attempt": _integer(present["attempt"]),
                 "claim_id": present["claim_id"],
+                "destination": headers.get(DESTINATION_HEADER, DEFAULT_DESTINATION),
             }
         )
     except ValidationError as error:

@@ -55,17 +55,35 @@ ClaimId = Annotated[
 ]
 
 
+# The destination of a bot's own downstream (docs/destinations.md): what an identity without
+# one means, so that a kit or a service from before destinations keeps working.
+DEFAULT_DESTINATION = "default"
+DestinationName = Annotated[
+    str,
+    Field(
+        pattern=BOT_PATTERN,
+        examples=[DEFAULT_DESTINATION],
+        description="the destination the attempt delivers to; absent: default",
+    ),
+]
+
+
 class Identity(Message):
-    """One attempt: what `X-Intake-Bot`, `-Update-Id`, `-Attempt` and `-Claim-Id` carried."""
+    """One attempt: what `X-Intake-Bot`, `-Update-Id`, `-Attempt`, `-Claim-Id` and
+    `-Destination` carried."""
 
     bot: BotName
     update_id: UpdateId
     attempt: Attempt
     claim_id: ClaimId
+    destination: DestinationName = DEFAULT_DESTINATION
 
     def key(self) -> str:
-        """`bot:update_id`, the idempotency key of the update's effects."""
-        return f"{self.bot}:{self.update_id}"
+        """The idempotency key of the update's effects for its destination: `bot:update_id`
+        for `default`, `bot:destination:update_id` for any other (the signed `webhook-id`)."""
+        if self.destination == DEFAULT_DESTINATION:
+            return f"{self.bot}:{self.update_id}"
+        return f"{self.bot}:{self.destination}:{self.update_id}"
 
 
 class Owned(Message):
@@ -149,7 +167,7 @@ class ExhaustionPage(Message):
 class UpdateView(Message):
     bot: BotName
     update_id: UpdateId
-    state: Literal["pending", "processing", "completed", "failed", "abandoned"]
+    state: Literal["pending", "processing", "completed", "failed", "abandoned", "unrouted"]
     attempts: int
     update_type: str | None
     queue_key: str | None

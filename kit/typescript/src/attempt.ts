@@ -51,9 +51,21 @@ export class IntakeAttempt {
     this.client = client;
   }
 
-  /** `bot:update_id`, the idempotency key of the update's effects. */
+  /**
+   * The idempotency key of the update's effects for this destination:
+   * `bot:update_id`, or `bot:destination:update_id` for a destination other
+   * than `default`.
+   */
   get key(): string {
     return identityKey(this.identity);
+  }
+
+  /**
+   * The destination this attempt delivers to: `default` for the bot's own
+   * downstream, or the name of another; every callback sends it back.
+   */
+  get destination(): string {
+    return this.identity.destination;
   }
 
   /**

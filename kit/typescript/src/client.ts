@@ -13,6 +13,7 @@ import {
   integerProblem,
   textProblem,
   toIdentity,
+  DEFAULT_DESTINATION,
   type Identity,
   type IdentityInput,
 } from "./identity";
@@ -167,14 +168,22 @@ export class IntakeClient {
   }
 }
 
-/** The identity's members, in the order the Python kit's models write them. */
+/**
+ * The identity's members, in the order the Python kit's models write them;
+ * `destination` only when it is not `default`, so that a service from before
+ * destinations (which refuses members it does not know) takes the request.
+ */
 function fieldsOf(identity: Identity): [string, string][] {
-  return [
+  const fields: [string, string][] = [
     ["bot", JSON.stringify(identity.bot)],
     ["update_id", identity.updateId], // decimal digits: exact past 2^53
     ["attempt", String(identity.attempt)],
     ["claim_id", JSON.stringify(identity.claimId)],
   ];
+  if (identity.destination !== DEFAULT_DESTINATION) {
+    fields.push(["destination", JSON.stringify(identity.destination)]);
+  }
+  return fields;
 }
 
 function check(field: string, problem: string | undefined): void {

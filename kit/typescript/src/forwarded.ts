@@ -16,6 +16,7 @@
 
 import type { IncomingHttpHeaders } from "node:http";
 import {
+  DEFAULT_DESTINATION,
   identityKey,
   identityMessage,
   identityProblem,
@@ -29,6 +30,8 @@ import { readUpdate, type Update } from "./update";
 
 export const DEFAULT_TOLERANCE_SECONDS = 300;
 const IDENTITY_SIGNATURE_HEADER = "x-intake-identity-signature";
+/** Absent (a service from before destinations): `default`. */
+const DESTINATION_HEADER = "x-intake-destination";
 const IDENTITY_HEADERS = {
   bot: "x-intake-bot",
   updateId: "x-intake-update-id",
@@ -192,6 +195,7 @@ function readIdentity(headers: Map<string, string>): Identity | undefined {
     updateId: headers.get(IDENTITY_HEADERS.updateId),
     attempt: headers.get(IDENTITY_HEADERS.attempt),
     claimId: headers.get(IDENTITY_HEADERS.claimId),
+    destination: headers.get(DESTINATION_HEADER) ?? DEFAULT_DESTINATION,
   };
   const problem = identityProblem(fields);
   if (problem !== undefined) throw new Rejected(`identity headers invalid: ${problem}`);
@@ -200,6 +204,7 @@ function readIdentity(headers: Map<string, string>): Identity | undefined {
     updateId: BigInt(fields.updateId as string).toString(),
     attempt: Number(fields.attempt),
     claimId: fields.claimId as string,
+    destination: fields.destination,
   };
 }
 

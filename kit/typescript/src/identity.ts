@@ -11,8 +11,16 @@ export const BOT_PATTERN = /^[a-z0-9][a-z0-9_-]{0,31}$/;
 export const MAX_BIGINT = 2n ** 63n - 1n;
 export const MAX_INTEGER = 2 ** 31 - 1;
 export const MAX_ERROR_LENGTH = 2000;
+/**
+ * The destination of a bot's own downstream: what an identity without one
+ * means, so that a kit or a service from before destinations keeps working.
+ */
+export const DEFAULT_DESTINATION = "default";
 
-/** One attempt: what `X-Intake-Bot`, `-Update-Id`, `-Attempt` and `-Claim-Id` carried. */
+/**
+ * One attempt: what `X-Intake-Bot`, `-Update-Id`, `-Attempt`, `-Claim-Id` and
+ * `-Destination` carried.
+ */
 export interface Identity {
   readonly bot: string;
   /** Decimal digits, 0 .. 2^63 - 1, without leading zeros. */
@@ -20,31 +28,46 @@ export interface Identity {
   readonly attempt: number;
   /** Opaque; compared exactly. */
   readonly claimId: string;
+  /** The destination the attempt delivers to (`default`: the bot's own downstream). */
+  readonly destination: string;
 }
 
-/** An identity as a caller may hold it: `updateId` also as a number or a bigint. */
+/**
+ * An identity as a caller may hold it: `updateId` also as a number or a
+ * bigint, `destination` left out for `default`.
+ */
 export interface IdentityInput {
   readonly bot: string;
   readonly updateId: string | number | bigint;
   readonly attempt: number;
   readonly claimId: string;
+  readonly destination?: string;
 }
 
-/** `bot:update_id`, the idempotency key of the update's effects. */
-export function identityKey(identity: Pick<Identity, "bot" | "updateId">): string {
-  return `${identity.bot}:${identity.updateId}`;
+/**
+ * The idempotency key of the update's effects for its destination:
+ * `bot:update_id` for `default`, `bot:destination:update_id` for any other
+ * (the signed `webhook-id`).
+ */
+export function identityKey(
+  identity: Pick<Identity, "bot" | "updateId"> & { readonly destination?: string },
+): string {
+  const destination = identity.destination ?? DEFAULT_DESTINATION;
+  if (destination === DEFAULT_DESTINATION) return `${identity.bot}:${identity.updateId}`;
+  return `${identity.bot}:${destination}:${identity.updateId}`;
 }
 
 /**
  * What `X-Intake-Identity-Signature` signs, as a Standard Webhooks message id
  * (with an empty payload). The claim id, the one field that may hold a colon,
- * comes last. `receivedAt` is the decimal text of the epoch milliseconds.
+ * comes last. `receivedAt` is the decimal text of the epoch milliseconds. A
+ * destination other than `default` is signed under its own prefix, so that no
+ * message of one form reads as the other.
  */
 export function identityMessage(identity: Identity, receivedAt: string): string {
-  return (
-    `identity:${identity.bot}:${identity.updateId}:${identity.attempt}:` +
-    `${receivedAt}:${identity.claimId}`
-  );
+  const tail = `${identity.updateId}:${identity.attempt}:${receivedAt}:${identity.claimId}`;
+  if (identity.destination === DEFAULT_DESTINATION) return `identity:${identity.bot}:${tail}`;
+  return `delivery:${identity.bot}:${identity.destination}:${tail}`;
 }
 
 /** ASCII digits only: a Latin-1 "¹²³" from a header's decoding is no digit here. */
@@ -70,15 +93,25 @@ export function identityProblem(fields: {
   updateId: unknown;
   attempt: unknown;
   claimId: unknown;
+  destination?: unknown;
 }): string | undefined {
-  const { bot, updateId, attempt, claimId } = fields;
-  if (typeof bot !== "string") return "Input should be a valid string";
-  if (!BOT_PATTERN.test(bot)) return `String should match pattern '${BOT_PATTERN.source}'`;
+  const { bot, updateId, attempt, claimId, destination } = fields;
+  const name = nameProblem(bot);
+  if (name !== undefined) return name;
   const update = integerProblem(updateId, 0n, MAX_BIGINT);
   if (update !== undefined) return update;
   const number = integerProblem(attempt, 1n, BigInt(MAX_INTEGER));
   if (number !== undefined) return number;
-  return textProblem(claimId, 64);
+  const claim = textProblem(claimId, 64);
+  if (claim !== undefined) return claim;
+  return destination === undefined ? undefined : nameProblem(destination);
+}
+
+/** The rule a bot's or a destination's name breaks, or undefined. */
+function nameProblem(value: unknown): string | undefined {
+  if (typeof value !== "string") return "Input should be a valid string";
+  if (!BOT_PATTERN.test(value)) return `String should match pattern '${BOT_PATTERN.source}'`;
+  return undefined;
 }
 
 /** An identity from validated fields, or a TypeError with pydantic's wording. */
@@ -90,6 +123,7 @@ export function toIdentity(input: IdentityInput): Identity {
     updateId: BigInt(input.updateId).toString(),
     attempt: Number(input.attempt),
     claimId: input.claimId,
+    destination: input.destination ?? DEFAULT_DESTINATION,
   };
 }
 

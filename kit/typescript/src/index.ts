@@ -31,6 +31,7 @@ export {
 export { currentAttempt, type UpdateHandler } from "./frameworks";
 export { intakeHandler, type IntakeHandlerOptions, type IntakeRequestHandler } from "./handler";
 export {
+  DEFAULT_DESTINATION,
   identityKey,
   identityMessage,
   toIdentity,

@@ -38,6 +38,25 @@ test("each call posts snake_case JSON with the bearer key to its path", async ()
   assert.ok(intake.calls.every((call) => call.authorization === "Bearer key-1"));
 });
 
+test("a destination other than default is sent back; default is left out", async () => {
+  const intake = await fakeIntake();
+  const client = new IntakeClient(intake.url, "key-1");
+  await client.owns({ ...SHOP, destination: "payments" });
+  await client.settle({ ...SHOP, destination: "payments" }, "completed");
+  await client.owns({ bot: "shop", updateId: 12, attempt: 1, claimId: "claim-1" });
+  const identity = '"bot":"shop","update_id":12,"attempt":1,"claim_id":"claim-1"';
+  assert.deepEqual(
+    intake.calls.map((call) => call.raw),
+    [
+      `{${identity},"destination":"payments"}`,
+      `{${identity},"destination":"payments","outcome":"completed"}`,
+      `{${identity}}`, // a service from before destinations takes it as it always did
+    ],
+  );
+  await assert.rejects(client.owns({ ...SHOP, destination: "Payments" }), /identity invalid/);
+  assert.equal(intake.calls.length, 3);
+});
+
 test("an update_id past 2**53 is sent exact", async () => {
   const intake = await fakeIntake();
   const client = new IntakeClient(intake.url, "key-1");

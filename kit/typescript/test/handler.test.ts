@@ -67,6 +67,28 @@ test("a generic bot runs the update; currentAttempt() is its attempt", async () 
   assert.equal(bot.handled[1]?.attempt, undefined);
 });
 
+test("an attempt of another destination has it, keyed and signed as the service does", async () => {
+  const bot = genericBot();
+  const { url } = await serve(intakeHandler(bot, { signingSecret: SIGNING }));
+  const payments = { ...SHOP, destination: "payments" };
+  assert.equal((await forward(url, textUpdate(12, "hi"), payments)).status, 200);
+  const attempt = bot.handled[0]?.attempt;
+  assert.deepEqual(attempt?.identity, payments);
+  assert.equal(attempt?.destination, "payments");
+  assert.equal(attempt?.key, "shop:payments:12");
+  // The identity signature covers the destination: another one's headers do not pass.
+  const body = JSON.stringify(textUpdate(12, "hi"));
+  const headers = forwardedHeaders(body, payments);
+  headers["x-intake-destination"] = "analytics";
+  const answer = await fetch(url, { method: "POST", headers, body });
+  assert.equal(answer.status, 401);
+  assert.equal(bot.handled.length, 1);
+  // Without the header (a service from before destinations) it is default.
+  assert.equal((await forward(url, textUpdate(13, "hi"))).status, 200);
+  assert.equal(bot.handled[1]?.attempt?.destination, "default");
+  assert.equal(bot.handled[1]?.attempt?.key, "shop:13");
+});
+
 test("a generic bot's TerminalError is 422, another error 500, a non-Error thrown 500", async () => {
   const bot = genericBot(async (update) => {
     if (update.update_id === 1) throw new TerminalError("no");

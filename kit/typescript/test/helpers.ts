@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { Webhook } from "standardwebhooks";
-import { identityMessage, type Identity } from "../src/index";
+import { identityKey, identityMessage, type Identity } from "../src/index";
 
 export const SIGNING = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 export const TOKEN = "behind-the-intake";
@@ -117,7 +117,13 @@ export async function fakeIntake(
   return { ...served, calls, answers };
 }
 
-export const SHOP: Identity = { bot: "shop", updateId: "12", attempt: 1, claimId: "claim-1" };
+export const SHOP: Identity = {
+  bot: "shop",
+  updateId: "12",
+  attempt: 1,
+  claimId: "claim-1",
+  destination: "default",
+};
 
 export function textUpdate(updateId: number, text: string, chat = 42): Record<string, unknown> {
   return {
@@ -148,9 +154,10 @@ export function forwardedHeaders(
     "x-telegram-bot-api-secret-token": token,
   };
   const updateId = String((JSON.parse(body) as { update_id: number }).update_id);
-  const messageId =
-    identity === undefined ? `shop:${updateId}` : `${identity.bot}:${identity.updateId}`;
+  const messageId = identity === undefined ? `shop:${updateId}` : identityKey(identity);
   if (identity !== undefined) {
+    // A service from before destinations sends no destination: `default` is what it means.
+    if (identity.destination !== "default") headers["x-intake-destination"] = identity.destination;
     headers["x-intake-bot"] = identity.bot;
     headers["x-intake-update-id"] = identity.updateId;
     headers["x-intake-attempt"] = String(identity.attempt);

@@ -25,7 +25,13 @@ interface Case {
   standard?: boolean;
   expect: "ok" | "rejected";
   reason?: string;
-  identity?: { bot: string; update_id: string; attempt: number; claim_id: string } | null;
+  identity?: {
+    bot: string;
+    update_id: string;
+    attempt: number;
+    claim_id: string;
+    destination: string;
+  } | null;
   update_id?: string;
   received_at?: number | null;
   lease_expires_at?: number | null;
@@ -72,6 +78,7 @@ describe("readForwarded agrees with the Python kit", () => {
               update_id: forwarded.identity.updateId,
               attempt: forwarded.identity.attempt,
               claim_id: forwarded.identity.claimId,
+              destination: forwarded.identity.destination,
             };
       assert.deepEqual(identity, item.identity);
       assert.equal(forwarded.updateId, item.update_id);
