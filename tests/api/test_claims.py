@@ -336,6 +336,7 @@ async def test_settle_exhausted_on_a_durable_bot_keeps_an_exhaustion(api: Api) -
     assert listed["items"] == [
         {
             **wire(identity),
+            "destination": "default",  # every item names its destination
             "error": "HTTP 400: no such chat",
             "exhausted_at": row.exhausted_at,
             "update": update_body(1),

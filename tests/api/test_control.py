@@ -749,6 +749,7 @@ async def test_redrive_by_filter_dry_run_then_for_real(api: Api) -> None:
     identity = made[("shop", 1)]
     assert sample == {
         **wire(identity),
+        "destination": "default",
         "error": "HTTP 500: boom",
         "exhausted_at": (await api.row("shop", 1)).exhausted_at,
     }

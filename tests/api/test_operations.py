@@ -78,6 +78,7 @@ async def test_exhaustions_items_carry_identity_error_time_and_update(api: Api) 
     (item,) = (await api.get("/v1/exhaustions")).json()["items"]
     assert item == {
         **wire(identity),
+        "destination": "default",
         "error": "HTTP 400: chat not found",
         "exhausted_at": (await api.row("shop", 3)).exhausted_at,
         "update": update_body(3),

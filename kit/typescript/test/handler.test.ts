@@ -84,9 +84,9 @@ test("an attempt of another destination has it, keyed and signed as the service 
   assert.equal(answer.status, 401);
   assert.equal(bot.handled.length, 1);
   // Without the header (a service from before destinations) it is default.
-  assert.equal((await forward(url, textUpdate(13, "hi"))).status, 200);
+  assert.equal((await forward(url, textUpdate(12, "hi"))).status, 200);
   assert.equal(bot.handled[1]?.attempt?.destination, "default");
-  assert.equal(bot.handled[1]?.attempt?.key, "shop:13");
+  assert.equal(bot.handled[1]?.attempt?.key, "shop:12");
 });
 
 test("a generic bot's TerminalError is 422, another error 500, a non-Error thrown 500", async () => {
