@@ -70,15 +70,10 @@ def keys_table_name(table: str) -> str:
     return f"{table}_keys"
 
 
-def add_operator_tables(metadata: MetaData, table: str, *, traced: bool, keyed: bool) -> None:
-    """Revision 0004 (operator control): `_attempts`, `_bots`, `_audit`, `_events`; with
-    `traced` (0008) the events' trace, with `keyed` (0009) the update each tells of."""
-    attempts = attempts_table_name(table)
-    Table(
-        attempts,
-        metadata,
-        Column("bot", Text, nullable=False),
-        Column("update_id", BigInteger, nullable=False),
+def _attempt_columns() -> list[Column[Any]]:
+    """An attempt's history after its keys: `_attempts`' (`default`) and, from 0010,
+    `_delivery_attempts`' (every other destination)."""
+    return [
         Column("attempt", Integer, nullable=False),
         Column("claim_id", Text, nullable=False),
         Column("started_at", BigInteger, nullable=False),
@@ -87,14 +82,14 @@ def add_operator_tables(metadata: MetaData, table: str, *, traced: bool, keyed: 
         Column("status_code", Integer, nullable=True),
         Column("error", Text, nullable=True),
         Column("worker", Text, nullable=True),
-        PrimaryKeyConstraint("bot", "update_id", "attempt", name=f"pk_{attempts}"),
-        CheckConstraint(OUTCOME_CHECK, name=f"ck_{attempts}_outcome"),
-    )
-    bots = bots_table_name(table)
-    Table(
-        bots,
-        metadata,
-        Column("bot", Text, nullable=False),
+    ]
+
+
+def _control_columns() -> list[Column[Any]]:
+    """What operators and workers set on a destination's way after its keys: the pause, the
+    rate limit and its token bucket, the breaker. `_bots`' (`default`) and, from 0010,
+    `_destinations`' (every other destination)."""
+    return [
         Column("paused_at", BigInteger, nullable=True),
         Column("paused_by", Text, nullable=True),
         Column("paused_reason", Text, nullable=True),
@@ -106,6 +101,28 @@ def add_operator_tables(metadata: MetaData, table: str, *, traced: bool, keyed: 
         # The last breaker transition any worker reported, and when.
         Column("breaker", Text, nullable=True),
         Column("breaker_at", BigInteger, nullable=True),
+    ]
+
+
+def add_operator_tables(metadata: MetaData, table: str, *, traced: bool, keyed: bool) -> None:
+    """Revision 0004 (operator control): `_attempts`, `_bots`, `_audit`, `_events`; with
+    `traced` (0008) the events' trace, with `keyed` (0009) the update each tells of."""
+    attempts = attempts_table_name(table)
+    Table(
+        attempts,
+        metadata,
+        Column("bot", Text, nullable=False),
+        Column("update_id", BigInteger, nullable=False),
+        *_attempt_columns(),
+        PrimaryKeyConstraint("bot", "update_id", "attempt", name=f"pk_{attempts}"),
+        CheckConstraint(OUTCOME_CHECK, name=f"ck_{attempts}_outcome"),
+    )
+    bots = bots_table_name(table)
+    Table(
+        bots,
+        metadata,
+        Column("bot", Text, nullable=False),
+        *_control_columns(),
         # Operational events: since when the backlog is stale (one backlog.stale an episode).
         Column("stale_since", BigInteger, nullable=True),
         # The getWebhookInfo watch: its lease (the next check is due then, across the
@@ -348,14 +365,7 @@ def add_destination_tables(metadata: MetaData, table: str) -> None:
         Column("bot", Text, nullable=False),
         Column("destination", Text, nullable=False),
         Column("update_id", BigInteger, nullable=False),
-        Column("attempt", Integer, nullable=False),
-        Column("claim_id", Text, nullable=False),
-        Column("started_at", BigInteger, nullable=False),
-        Column("ended_at", BigInteger, nullable=True),
-        Column("outcome", Text, nullable=True),
-        Column("status_code", Integer, nullable=True),
-        Column("error", Text, nullable=True),
-        Column("worker", Text, nullable=True),
+        *_attempt_columns(),
         PrimaryKeyConstraint("bot", "destination", "update_id", "attempt", name=f"pk_{attempts}"),
         CheckConstraint(OUTCOME_CHECK, name=f"ck_{table}_dl_attempts_outcome"),
     )
@@ -365,14 +375,7 @@ def add_destination_tables(metadata: MetaData, table: str) -> None:
         metadata,
         Column("bot", Text, nullable=False),
         Column("destination", Text, nullable=False),
-        Column("paused_at", BigInteger, nullable=True),
-        Column("paused_by", Text, nullable=True),
-        Column("paused_reason", Text, nullable=True),
-        Column("rate_per_second", Double, nullable=True),
-        Column("tokens", Double, nullable=False, server_default=text("0")),
-        Column("refilled_at", BigInteger, nullable=False, server_default=text("0")),
-        Column("breaker", Text, nullable=True),
-        Column("breaker_at", BigInteger, nullable=True),
+        *_control_columns(),
         PrimaryKeyConstraint("bot", "destination", name=f"pk_{destinations}"),
         CheckConstraint("rate_per_second > 0", name=f"ck_{destinations}_rate"),
     )
