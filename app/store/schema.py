@@ -110,6 +110,9 @@ from app.store.schema_beside import (
     keys_table_name as keys_table_name,
 )
 from app.store.schema_beside import (
+    partial_index as partial_index,
+)
+from app.store.schema_beside import (
     sessions_table_name as sessions_table_name,
 )
 from app.store.types import STATES
@@ -219,37 +222,25 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         CheckConstraint(state_check(revision), name=f"ck_{table}_state"),
     )
     Index(f"ix_{table}_state_due", updates.c.state, updates.c.due_at)
-    Index(
+    partial_index(
         f"ix_{table}_queue",
         updates.c.bot,
         updates.c.queue_key,
         updates.c.update_id,
-        postgresql_where=text(NON_TERMINAL),
-        sqlite_where=text(NON_TERMINAL),
+        where=NON_TERMINAL,
     )
     if revision >= "0002":
         # claim_next_owned walks due rows in due_at order and stops at its limit.
-        Index(
-            f"ix_{table}_due",
-            updates.c.due_at,
-            postgresql_where=text(NON_TERMINAL),
-            sqlite_where=text(NON_TERMINAL),
-        )
-        Index(
+        partial_index(f"ix_{table}_due", updates.c.due_at, where=NON_TERMINAL)
+        partial_index(
             f"ix_{table}_unacknowledged",
             updates.c.bot,
             updates.c.update_id,
-            postgresql_where=text(UNACKNOWLEDGED),
-            sqlite_where=text(UNACKNOWLEDGED),
+            where=UNACKNOWLEDGED,
         )
     if revision >= "0003":
         # Exhaustion delivery takes the open exhaustions that are due, in due order.
-        Index(
-            f"ix_{table}_delivery_due",
-            updates.c.delivery_due_at,
-            postgresql_where=text(UNACKNOWLEDGED),
-            sqlite_where=text(UNACKNOWLEDGED),
-        )
+        partial_index(f"ix_{table}_delivery_due", updates.c.delivery_due_at, where=UNACKNOWLEDGED)
     if revision >= "0004":
         # Operators' searches (`search_updates`): newest first within a bot, by chat, by type.
         Index(f"ix_{table}_received", updates.c.bot, updates.c.received_at, updates.c.update_id)

@@ -28,6 +28,12 @@ UNACKNOWLEDGED = "exhausted_at IS NOT NULL AND acknowledged_at IS NULL"
 # A delivery's states: every state but `unrouted`, and the updates table's before 0010.
 DELIVERY_CHECK = "state IN (" + ", ".join(f"'{s}'" for s in DELIVERY_STATES) + ")"
 
+
+def partial_index(name: str, *columns: Any, where: str) -> Index:
+    """An index of the rows that `where` (SQL) selects, on both backends alike."""
+    return Index(name, *columns, postgresql_where=text(where), sqlite_where=text(where))
+
+
 # Attempt outcomes as `_attempts` records them (NULL while the attempt runs, and for an
 # attempt whose lease lapsed before it ended: a reader calls that one "lost").
 OUTCOMES = ("completed", "failed", "abandoned", "exhausted", "handed_back", "parked")
@@ -177,19 +183,13 @@ def add_operator_tables(metadata: MetaData, table: str, *, traced: bool, keyed: 
         *_event_update_columns(keyed),
     )
     if keyed:
-        Index(
+        partial_index(
             f"ix_{events}_update",
             events_table.c.bot,
             events_table.c.update_id,
-            postgresql_where=text("update_id IS NOT NULL"),
-            sqlite_where=text("update_id IS NOT NULL"),
+            where="update_id IS NOT NULL",
         )
-    Index(
-        f"ix_{events}_due",
-        events_table.c.due_at,
-        postgresql_where=text("delivered_at IS NULL"),
-        sqlite_where=text("delivered_at IS NULL"),
-    )
+    partial_index(f"ix_{events}_due", events_table.c.due_at, where="delivered_at IS NULL")
 
 
 def _event_update_columns(keyed: bool) -> list[Column[Any]]:
@@ -263,12 +263,7 @@ def add_privacy_tables(metadata: MetaData, table: str) -> None:
             name=f"ck_{erasures}_state",
         ),
     )
-    Index(
-        f"ix_{erasures}_due",
-        erasures_table.c.due_at,
-        postgresql_where=text("state <> 'done'"),
-        sqlite_where=text("state <> 'done'"),
-    )
+    partial_index(f"ix_{erasures}_due", erasures_table.c.due_at, where="state <> 'done'")
     keys = keys_table_name(table)
     Table(
         keys,
@@ -329,35 +324,23 @@ def add_destination_tables(metadata: MetaData, table: str) -> None:
     )
     Index(f"ix_{table}_dl_update", rows.c.bot, rows.c.update_id)
     Index(f"ix_{table}_dl_state_due", rows.c.state, rows.c.due_at)
-    Index(
+    partial_index(
         f"ix_{table}_dl_queue",
         rows.c.bot,
         rows.c.destination,
         rows.c.queue_key,
         rows.c.update_id,
-        postgresql_where=text(NON_TERMINAL),
-        sqlite_where=text(NON_TERMINAL),
+        where=NON_TERMINAL,
     )
-    Index(
-        f"ix_{table}_dl_due",
-        rows.c.due_at,
-        postgresql_where=text(NON_TERMINAL),
-        sqlite_where=text(NON_TERMINAL),
-    )
-    Index(
+    partial_index(f"ix_{table}_dl_due", rows.c.due_at, where=NON_TERMINAL)
+    partial_index(
         f"ix_{table}_dl_unacknowledged",
         rows.c.bot,
         rows.c.destination,
         rows.c.update_id,
-        postgresql_where=text(UNACKNOWLEDGED),
-        sqlite_where=text(UNACKNOWLEDGED),
+        where=UNACKNOWLEDGED,
     )
-    Index(
-        f"ix_{table}_dl_delivery_due",
-        rows.c.delivery_due_at,
-        postgresql_where=text(UNACKNOWLEDGED),
-        sqlite_where=text(UNACKNOWLEDGED),
-    )
+    partial_index(f"ix_{table}_dl_delivery_due", rows.c.delivery_due_at, where=UNACKNOWLEDGED)
     attempts = delivery_attempts_table_name(table)
     Table(
         attempts,
