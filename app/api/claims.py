@@ -47,9 +47,9 @@ def _fenced(grant: Grant, identity: Identity) -> tuple[BotSettings, ClaimIdentit
         raise HTTPException(
             409, f"bot {bot.name!r} is in plain mode: its attempts carry no identity"
         )
-    named = {DEFAULT_DESTINATION} | {target.name for target in bot.targets}
-    if identity.destination not in named:
-        raise HTTPException(404, f"bot {bot.name!r} has no destination {identity.destination!r}")
+    destination = identity.destination  # default, the common case, is always there
+    if destination != DEFAULT_DESTINATION and all(t.name != destination for t in bot.targets):
+        raise HTTPException(404, f"bot {bot.name!r} has no destination {destination!r}")
     return bot, _identity(identity)
 
 

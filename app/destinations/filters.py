@@ -24,6 +24,7 @@ known query. Matching reads the update's object by its type: dict lookups, no pa
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -209,29 +210,25 @@ def _unknown(query: str, why: str) -> str:
     return f"unknown filter query {query!r}: {why}{hint}"
 
 
-_KNOWN: list[str] = []
-
-
-def known_queries() -> list[str]:
+@functools.cache
+def known_queries() -> tuple[str, ...]:
     """Every query of the vocabulary without shortcuts, and the shortcuts' own first and
     second levels (`msg`, `edit`, `:text`, `message:media`...): what an error suggests from."""
-    if not _KNOWN:
-        found: set[str] = set(SHORTCUTS_1) - {""}
-        for first, keys in VOCABULARY.items():
-            found.add(first)
-            for second, properties in keys.items():
-                found.add(f"{first}:{second}")
-                found.update(f"{first}:{second}:{third}" for third in properties)
-            found.update(
-                f"{first}:{short}"
-                for short, names in SHORTCUTS_2.items()
-                if short and any(name in keys for name in names)
-            )
-        for short in SHORTCUTS_1:
-            found.update(f"{short}:{second}" for second in _MESSAGE)
-            found.update(f"{short}:{second}" for second in SHORTCUTS_2)
-        _KNOWN.extend(sorted(found))
-    return _KNOWN
+    found: set[str] = set(SHORTCUTS_1) - {""}
+    for first, keys in VOCABULARY.items():
+        found.add(first)
+        for second, properties in keys.items():
+            found.add(f"{first}:{second}")
+            found.update(f"{first}:{second}:{third}" for third in properties)
+        found.update(
+            f"{first}:{short}"
+            for short, names in SHORTCUTS_2.items()
+            if short and any(name in keys for name in names)
+        )
+    for short in SHORTCUTS_1:
+        found.update(f"{short}:{second}" for second in _MESSAGE)
+        found.update(f"{short}:{second}" for second in SHORTCUTS_2)
+    return tuple(sorted(found))
 
 
 @dataclass(frozen=True)
