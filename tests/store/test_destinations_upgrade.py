@@ -19,7 +19,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,8 +27,8 @@ from app.store.migrate import current_revision
 from app.store.schema import HEAD
 from tests.conftest import Storage, table_rows
 from tests.downstream import FakeDownstream, Received, eventually
-from tests.processes import STARTUP, environment, free_port, post_update, processes, until_serving
-from tests.store.releases import release_tree
+from tests.processes import STARTUP, free_port, post_update, processes, until_serving
+from tests.store.releases import fleet_client, fleet_environment, release_tree
 
 pytestmark = pytest.mark.slow
 
@@ -91,21 +90,13 @@ async def test_the_release_before_and_this_one_deliver_side_by_side_through_0010
     old_tree = release_tree(tmp_path, BEFORE_0010, "release-before-0010")
     seen = Seen({update_id: queue for update_id, queue, _ in [*BEFORE, *AFTER]})
     downstream.answer = seen.answer
-    hook = f"{downstream.url}/hook"
-    tuning = {"max_attempts": 1000, "breaker_failures": 0, "retry_cap_seconds": 0.1}
+    env = fleet_environment(url, f"{downstream.url}/hook", old_tree)
     ports = {"old": free_port(), "new": free_port()}
-
-    def env(release: str, **options: object) -> dict[str, str]:
-        made = environment(url, hook, **tuning, **options)
-        if release == "old":
-            made["PYTHONPATH"] = str(old_tree)
-        return made
 
     with processes(tmp_path) as start:
         old_serve = start("old-serve", env("old", port=ports["old"]), "serve")
         old_worker = start("old-worker", env("old"), "worker")
-        limits = httpx.Limits(keepalive_expiry=1.0)  # as test_rolling_upgrade says why
-        async with httpx.AsyncClient(timeout=10, limits=limits) as client:
+        async with fleet_client() as client:
             await until_serving(client, ports["old"], old_serve)
             await eventually(old_worker.started, within=STARTUP)
             for _, _, body in BEFORE:

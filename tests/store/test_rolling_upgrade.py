@@ -23,7 +23,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import text
 from starlette.requests import Request
@@ -36,13 +35,12 @@ from tests.conftest import Storage, table_rows
 from tests.downstream import FakeDownstream, Received, eventually
 from tests.processes import (
     STARTUP,
-    environment,
     free_port,
     post_update,
     processes,
     until_serving,
 )
-from tests.store.releases import release_tree
+from tests.store.releases import fleet_client, fleet_environment, release_tree
 
 pytestmark = pytest.mark.slow
 
@@ -173,26 +171,13 @@ async def _run_fleet(
     old_tree = release_tree(tmp_path, BEFORE_0006, "release-before-0006")
     checked = Checked({u.update_id: u.queue for u in [*BEFORE, *AFTER]})
     downstream.answer = checked.answer
-    hook = f"{downstream.url}/hook"
-    # Attempts are never spent and no breaker opens while the heads are held.
-    tuning = {"max_attempts": 1000, "breaker_failures": 0, "retry_cap_seconds": 0.1}
+    env = fleet_environment(url, f"{downstream.url}/hook", old_tree)
     ports = {"old": free_port(), "new": free_port()}
-
-    def env(release: str, **options: object) -> dict[str, str]:
-        made = environment(url, hook, **tuning, **options)
-        if release == "old":
-            made["PYTHONPATH"] = str(old_tree)
-        return made
 
     with processes(tmp_path) as start:
         old_serve = start("old-serve", env("old", port=ports["old"]), "serve")
         old_worker = start("old-worker", env("old"), "worker")
-        # The client lets an idle connection go after 1 s, well inside the servers' 5 s
-        # keep-alive (INTAKE_KEEP_ALIVE_SECONDS). Its default (5 s) reused the old serve's
-        # connection after the upgrade's long pause just as the server closed it, and the
-        # POST met the close (httpx.ReadError, seen once on a busy machine).
-        limits = httpx.Limits(keepalive_expiry=1.0)
-        async with httpx.AsyncClient(timeout=10, limits=limits) as client:
+        async with fleet_client() as client:
             await until_serving(client, ports["old"], old_serve)
             await eventually(old_worker.started, within=STARTUP)
             for update in BEFORE:
