@@ -9,12 +9,32 @@ from typing import Any
 from app.destinations.filters import expand
 from app.destinations.settings import Destination
 from app.queues import DEFAULT_UPDATES, OPT_IN, QUEUES
+from app.store.types import TO_DEFAULT, Route
 
 
-def routed(targets: Sequence[Destination], update_type: str | None, payload: Any) -> list[str]:
-    """The names of the destinations among `targets` whose filters the update (its type and
-    its object) passes, in their order."""
-    return [target.name for target in targets if target.filter.matches(update_type, payload)]
+class Router:
+    """Where one bot's updates go: the destinations whose filters an update passes, as the
+    routes the intake records with it. A bot whose one destination is `default` taking every
+    update (or that has none yet) routes every update to its row, with no filter run."""
+
+    def __init__(self, targets: Sequence[Destination]) -> None:
+        self._targets = tuple(targets)
+        alone = not targets or (
+            len(targets) == 1 and targets[0].default and targets[0].filter.everything
+        )
+        self._fixed: tuple[Route, ...] | None = TO_DEFAULT if alone else None
+
+    def routes(self, update_type: str | None, update: Any) -> tuple[Route, ...]:
+        """The routes of `update` (the whole update; `update_type` its kind), in the
+        destinations' order: none when no filter passes it."""
+        if self._fixed is not None:
+            return self._fixed
+        payload = update.get(update_type) if update_type is not None else None
+        return tuple(
+            Route(target.name, target.ordered)
+            for target in self._targets
+            if target.filter.matches(update_type, payload)
+        )
 
 
 def needed_updates(targets: Iterable[Destination]) -> tuple[str, ...] | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -33,13 +32,13 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from app.destinations.filters import FilterError, UpdateFilter
+from app.store import validate
 from app.store.types import Capability
 from app.webhook_rules import check_secret_token
 from telegram_intake_kit.wire import DEFAULT_DESTINATION
 
 Mode = Literal["plain", "fenced", "durable"]
 DEFAULT = DEFAULT_DESTINATION  # the one at the bot's downstream_url, kept in the update's row
-DESTINATION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 # Past these ages (seconds from receipt) a delivery can no longer help: Telegram has already
 # given up on the answer (inline and callback queries) or on the payment step.
 DEFAULT_DEADLINES = {
@@ -141,12 +140,7 @@ class DestinationSettings(_Overrides):
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
-        if not DESTINATION_NAME.fullmatch(value):
-            raise ValueError(
-                f"{value!r} is not a destination name: 1-32 of a-z, 0-9, _ and -, starting "
-                "with a letter or digit"
-            )
-        return value
+        return validate.destination_name(value)
 
     @field_validator("filter", "except_")
     @classmethod

@@ -31,6 +31,7 @@ import httpx
 from app import bot_api
 from app.bot_settings import BotSettings
 from app.config import Settings
+from app.destinations.routing import Router
 from app.intake.updates import classify
 from app.metrics import Metrics
 from app.privacy.subjects import subjects_of
@@ -67,6 +68,7 @@ class Poller:
         self._now = now  # the database's clock, as every lease is judged
         self._settings = settings
         self.bot = bot
+        self._router = Router(bot.targets)
         self._meters = metrics.polling(bot.name)
         self._on_added = on_added
         self._lease_ms = int(lease_seconds * 1000)
@@ -186,6 +188,7 @@ class Poller:
                     update_type,
                     queue_key,
                     subjects=subjects_of(update),
+                    routes=self._router.routes(update_type, update),
                 )
             )
         return rows

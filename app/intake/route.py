@@ -44,6 +44,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app import tracing
 from app.config import Settings
+from app.destinations.routing import Router
 from app.http.failures import Failure, failure_of, logged
 from app.http.guard import WEBHOOK_PREFIX, read_head, refuse, unsupported_encoding
 from app.http.sources import client_address, source_allowed
@@ -115,6 +116,8 @@ class Intake:
         self._secrets = {
             bot.name: bot.secret_token.get_secret_value().encode() for bot in settings.bots
         }
+        # Where each bot's updates go, decided before they are recorded (docs/destinations.md).
+        self._routers = {bot.name: Router(bot.targets) for bot in settings.bots}
         # Compared against for unknown bots, so they take as long as wrong secrets.
         self._decoy = b"\0" * 32
         metrics = metrics or Metrics.of(settings)
@@ -240,6 +243,7 @@ class Intake:
             queue_key,
             trace_context,
             subjects,
+            self._routers[bot].routes(update_type, update),
         )
         # While it waits for the commit, a request holds its row's text and nothing more.
         del body, update

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 
 from app.store.predicates import Upsert
-from app.store.types import ClaimIdentity, Ordering, RecordedRow, Settlement
+from app.store.types import ClaimIdentity, DeliveryRow, Ordering, RecordedRow, Settlement
 
 Numbers = dict[str, int]  # claim_next_owned's now, lease_until, max_attempts, limit and window
 
@@ -95,10 +95,11 @@ class Backend(ABC):
 
     @abstractmethod
     async def delete_recorded(
-        self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
+        self, connection: AsyncConnection, statement: ReturningDelete[Any], beside: Sequence[Table]
     ) -> int:
-        """Run a DELETE of updates (its RETURNING names bot and update_id) and delete their
-        history in `attempts` with them; the count of updates deleted."""
+        """Run a DELETE of updates (its RETURNING names bot and update_id) and delete what
+        `beside` holds of them (their history, their deliveries and theirs) with them; the
+        count of updates deleted."""
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
@@ -119,11 +120,16 @@ class Backend(ABC):
 
     @abstractmethod
     async def add_many(
-        self, rows: Sequence[RecordedRow], *, guard: Update | None = None
+        self,
+        rows: Sequence[RecordedRow],
+        deliveries: Sequence[DeliveryRow] = (),
+        *,
+        guard: Update | None = None,
     ) -> Sequence[Any] | None:
-        """In a write transaction of its own: insert new keys as pending; the rows (bot,
-        update_id) that were new. With `guard` (an UPDATE ... RETURNING), run it first in the
-        same transaction, and record nothing (None) unless it matched a row."""
+        """In a write transaction of its own: insert new keys as their rows say (pending or
+        unrouted), and the `deliveries` of the new ones beside them (revision 0010); the rows
+        (bot, update_id) that were new. With `guard` (an UPDATE ... RETURNING), run it first in
+        the same transaction, and record nothing (None) unless it matched a row."""
 
     @abstractmethod
     async def claim_next_owned(

@@ -28,6 +28,9 @@ from app.store.schema import (
     audit_bots_table_name,
     audit_table_name,
     bots_table_name,
+    deliveries_table_name,
+    delivery_attempts_table_name,
+    destinations_table_name,
     erasures_table_name,
     events_table_name,
     keys_table_name,
@@ -40,8 +43,11 @@ from app.store.types import (
     Capability,
     ClaimIdentity,
     Completed,
+    DeliveryRow,
     Failed,
     HandedBack,
+    NewUpdate,
+    RecordedRow,
     Settlement,
 )
 
@@ -149,6 +155,11 @@ class SqlCore(Sealing):
         # Revision 0009's (None below it): erasure jobs and the key registry.
         self.erasures_table: Table | None = tables.get(erasures_table_name(table))
         self.keys_table: Table | None = tables.get(keys_table_name(table))
+        # Revision 0010's (None below it): the deliveries beside `default`'s, their history,
+        # and each destination's control (docs/design.md decision 7).
+        self.deliveries_table: Table | None = tables.get(deliveries_table_name(table))
+        self.delivery_attempts_table: Table | None = tables.get(delivery_attempts_table_name(table))
+        self.destinations_table: Table | None = tables.get(destinations_table_name(table))
 
     def _history(self) -> History | None:
         if self.attempts_table is None or not self.keeps_history:
@@ -197,6 +208,14 @@ class SqlCore(Sealing):
                 f"revision {self.revision}; {UPGRADE_HINT}"
             )
         return table
+
+    def _recordable(self, rows: Sequence[NewUpdate]) -> tuple[list[RecordedRow], list[DeliveryRow]]:
+        """New rows and their deliveries as stored (`Sealing._stored_rows`); SchemaError when
+        some go elsewhere than `default` and the live schema is below revision 0010."""
+        stored, deliveries = self._stored_rows(rows)
+        if deliveries or any(row.state != "pending" for row in stored):
+            self._needing(self.deliveries_table, "routing updates to destinations", "0010")
+        return stored, deliveries
 
     def require(self, level: Capability, feature: str) -> None:
         """Stop with SchemaError when the live schema is below `level`."""

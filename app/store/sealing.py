@@ -17,7 +17,7 @@ from typing import Any, overload
 from app.store import history
 from app.store.codec import Codec, audit_at, body_at, error_at
 from app.store.errors import Undecryptable
-from app.store.types import NewUpdate, RecordedRow, Settlement
+from app.store.types import DeliveryRow, NewUpdate, RecordedRow, Settlement
 
 
 class Sealing:
@@ -26,22 +26,47 @@ class Sealing:
 
     codec: Codec
 
-    def _stored_rows(self, rows: Sequence[NewUpdate]) -> list[RecordedRow]:
-        """New rows as stored: bodies sealed, queue keys and subjects digested."""
+    def _stored_rows(
+        self, rows: Sequence[NewUpdate]
+    ) -> tuple[list[RecordedRow], list[DeliveryRow]]:
+        """New rows as stored (bodies sealed, queue keys and subjects digested), and the
+        deliveries of their routes beside `default` (revision 0010), each with the row's
+        stored queue key where its destination is ordered."""
         codec = self.codec
-        return [
-            RecordedRow(
-                row.bot,
-                row.update_id,
-                codec.seal(row.body, body_at(row.bot, row.update_id)),
-                row.update_type,
-                codec.digest_optional(row.queue_key),
-                row.received_at,
-                row.trace_context,
-                self._stored_subjects(row.subjects),
+        stored, deliveries = [], []
+        seen: set[tuple[str, int]] = set()  # a key twice in a batch: its first routes count
+        for row in rows:
+            queue_key = codec.digest_optional(row.queue_key)
+            routed = row.to_default
+            stored.append(
+                RecordedRow(
+                    row.bot,
+                    row.update_id,
+                    codec.seal(row.body, body_at(row.bot, row.update_id)),
+                    row.update_type,
+                    queue_key,
+                    row.received_at,
+                    row.trace_context,
+                    self._stored_subjects(row.subjects),
+                    "pending" if routed else "unrouted",
+                    None if routed else row.received_at,
+                )
             )
-            for row in rows
-        ]
+            key = (row.bot, row.update_id)
+            if key in seen:
+                continue
+            seen.add(key)
+            for route in row.elsewhere:
+                deliveries.append(
+                    DeliveryRow(
+                        row.bot,
+                        route.destination,
+                        row.update_id,
+                        queue_key if route.ordered else None,
+                        row.received_at,
+                    )
+                )
+        return stored, deliveries
 
     def _stored_subjects(self, subjects: Sequence[int]) -> str:
         """The `subjects` column: each id as stored, between spaces (a LIKE finds one); " "

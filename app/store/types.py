@@ -23,6 +23,8 @@ STATES: tuple[State, ...] = (
 )
 DELIVERY_STATES: tuple[State, ...] = STATES[:-1]  # what a delivery's own row may be
 Capability = Literal["base", "fenced", "durable"]
+# The destination whose delivery is the update's row itself (docs/design.md decision 7).
+DEFAULT_DESTINATION = "default"
 Ordering = Literal["chat", "none"]
 
 
@@ -185,6 +187,19 @@ class BotStats:
     unacknowledged_exhaustions: int | None
 
 
+class Route(NamedTuple):
+    """A destination an update goes to, chosen as it is recorded. `ordered`: its delivery
+    keeps the update's queue key, and waits for the older updates of that queue (destination
+    `default` follows the bot's ordering instead)."""
+
+    destination: str
+    ordered: bool = True
+
+
+# Where an update goes when its bot has one destination: its row's own delivery.
+TO_DEFAULT: tuple[Route, ...] = (Route(DEFAULT_DESTINATION),)
+
+
 @dataclass(frozen=True, slots=True)
 class NewUpdate:
     """One row for `add_many`, the batched form of `add` used by the intake's group commit."""
@@ -200,6 +215,10 @@ class NewUpdate:
     # Every user and chat id it names (`app.privacy.subjects`), from revision 0009: what an
     # erasure and a search by user find it by.
     subjects: tuple[int, ...] = ()
+    # The destinations it goes to (`app.destinations.routing`), revision 0010 beyond
+    # `default`: without `default` its row is `unrouted`, and each other one is a row of the
+    # deliveries table.
+    routes: tuple[Route, ...] = TO_DEFAULT
 
     def __post_init__(self) -> None:
         validate.bot_name(self.bot)
@@ -213,6 +232,22 @@ class NewUpdate:
             type(subject) is not int for subject in self.subjects
         ):
             raise ValueError(f"subjects {self.subjects!r:.80} is not a tuple of ids")
+        if self.routes is not TO_DEFAULT:
+            validate.routes(self.routes)
+
+    @property
+    def to_default(self) -> bool:
+        """Whether destination `default` (the row's own delivery) takes it."""
+        return self.routes is TO_DEFAULT or any(
+            route.destination == DEFAULT_DESTINATION for route in self.routes
+        )
+
+    @property
+    def elsewhere(self) -> tuple[Route, ...]:
+        """The destinations beside `default` that take it: a deliveries row each."""
+        if self.routes is TO_DEFAULT:
+            return ()
+        return tuple(route for route in self.routes if route.destination != DEFAULT_DESTINATION)
 
 
 class RecordedRow(NamedTuple):
@@ -228,3 +263,16 @@ class RecordedRow(NamedTuple):
     received_at: int
     trace_context: str | None
     subjects: str
+    state: str  # pending, or unrouted when `default` does not take it
+    settled_at: int | None  # an unrouted row is settled at its receipt
+
+
+class DeliveryRow(NamedTuple):
+    """A new delivery as `add_many` inserts it beside its update's row (revision 0010): its
+    fields are `records.statements.DELIVERY_COLUMNS`."""
+
+    bot: str
+    destination: str
+    update_id: int
+    queue_key: str | None  # the update's, as stored; None when the destination is unordered
+    received_at: int

@@ -24,6 +24,32 @@ def bot_name(value: Any) -> str:
     return value
 
 
+def destination_name(value: Any) -> str:
+    """A destination's name: the same shape as a bot's (docs/contract.md section 18)."""
+    if not isinstance(value, str) or not BOT_NAME.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a destination name: 1-32 of a-z, 0-9, _ and -, starting with a "
+            "letter or digit"
+        )
+    return value
+
+
+def routes(value: Any) -> tuple[Any, ...]:
+    """An update's routes (`app.store.types.Route`): a tuple of (destination, ordered), each
+    destination once."""
+    if not isinstance(value, tuple):
+        raise ValueError(f"routes {value!r:.80} is not a tuple")
+    seen = set()
+    for route in value:
+        if not (isinstance(route, tuple) and len(route) == 2 and isinstance(route[1], bool)):
+            raise ValueError(f"route {route!r:.80} is not a (destination, ordered) pair")
+        name = destination_name(route[0])
+        if name in seen:
+            raise ValueError(f"destination {name!r} is routed twice")
+        seen.add(name)
+    return value
+
+
 def table_name(value: Any) -> str:
     if not isinstance(value, str) or not TABLE_NAME.fullmatch(value):
         raise ValueError(f"table name {value!r} does not match {TABLE_NAME.pattern}")

@@ -14,7 +14,7 @@ from pydantic import AnyHttpUrl, ValidationError
 
 from app.bot_settings import BotSettings
 from app.config import Settings
-from app.destinations.routing import needed_updates, routed, unreachable
+from app.destinations.routing import Router, needed_updates, unreachable
 from app.destinations.settings import (
     DEFAULT,
     DeliveryOptions,
@@ -22,6 +22,7 @@ from app.destinations.settings import (
     DestinationSettings,
     resolve,
 )
+from app.store.types import TO_DEFAULT
 
 BOT_URL = AnyHttpUrl("http://bot:8000/telegram")
 TABLES = [
@@ -96,19 +97,34 @@ def test_a_name_twice_or_a_missing_url_or_me_without_a_token_is_refused() -> Non
         resolve("shop", BOT_URL, DeliveryOptions(), given, bot_id=None)
 
 
+def _routed(router: Router, update_type: str, payload: dict[str, object]) -> list[str]:
+    return [route.destination for route in router.routes(update_type, {update_type: payload})]
+
+
 def test_an_update_goes_to_every_destination_whose_filter_it_passes() -> None:
     targets = _resolved(TABLES)
+    router = Router(targets)
     payment = {"message_id": 1, "date": 1, "chat": {"id": 1, "type": "private"},
                "successful_payment": {"currency": "XTR", "total_amount": 5}}  # fmt: skip
-    assert routed(targets, "message", payment) == [DEFAULT, "payments", "analytics"]
-    assert routed(targets, "pre_checkout_query", {"id": "1"}) == [
+    assert _routed(router, "message", payment) == [DEFAULT, "payments", "analytics"]
+    assert _routed(router, "pre_checkout_query", {"id": "1"}) == [
         DEFAULT, "payments", "analytics"]  # fmt: skip
     member = {"chat": {"id": -1}, "from": {"id": 2, "is_bot": False}}
-    assert routed(targets, "chat_member", member) == [DEFAULT, "moderation", "analytics"]
+    assert _routed(router, "chat_member", member) == [DEFAULT, "moderation", "analytics"]
     joined = {"message_id": 2, "date": 1, "chat": {"id": -1, "type": "group"},
               "new_chat_members": [{"id": 12345, "is_bot": True}]}  # fmt: skip
-    assert routed(targets, "message", joined) == [DEFAULT]  # analytics excepts the bot itself
-    assert routed(targets[1:2], "callback_query", {"id": "1"}) == []  # matches none
+    assert _routed(router, "message", joined) == [DEFAULT]  # analytics excepts the bot itself
+    assert _routed(Router(targets[1:2]), "callback_query", {"id": "1"}) == []  # matches none
+    routes = router.routes("message", {"message": payment})
+    assert {route.destination: route.ordered for route in routes} == {
+        DEFAULT: True, "payments": True, "analytics": False}  # fmt: skip
+
+
+def test_a_bot_with_one_destination_taking_everything_routes_to_its_row_unfiltered() -> None:
+    alone = _resolved([])
+    assert [target.name for target in alone] == [DEFAULT]
+    assert Router(alone).routes("message", {"message": {}}) is TO_DEFAULT
+    assert Router(()).routes(None, {}) is TO_DEFAULT  # no destination yet: as before
 
 
 def test_allowed_updates_are_what_the_filters_need() -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import inspect, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 NOW = 2_000_000_000_000  # epoch ms of "now" in the generated table
 
@@ -23,6 +23,9 @@ class Shape:
     lapsed: int = 100  # processing with a lapsed lease
     leased: int = 500  # processing under a live lease: deliveries in flight
     exhausted: int = 50  # unacknowledged exhaustions
+    # Revision 0010: a delivery to destination `payments` beside the first retained rows,
+    # completed with them, so that statements reading the deliveries table meet a full one.
+    routed: int = 200_000
 
 
 _SERIES = {
@@ -72,3 +75,21 @@ async def fill(
                 )
             offset += count
         await connection.execute(text(f"ANALYZE {table}"))
+        deliveries = f"{table}_deliveries"
+        if shape.routed and await _exists(connection, deliveries):
+            await connection.execute(
+                text(
+                    f"INSERT INTO {deliveries} (bot, destination, update_id, queue_key, state, "
+                    "attempts, due_at, received_at, settled_at, claim_id) "
+                    "SELECT bot, 'payments', update_id, queue_key, state, attempts, due_at, "
+                    f"received_at, settled_at, claim_id FROM {table} "
+                    "WHERE update_id <= :count"
+                ),
+                {"count": min(shape.routed, shape.retained)},
+            )
+            await connection.execute(text(f"ANALYZE {deliveries}"))
+
+
+async def _exists(connection: AsyncConnection, table: str) -> bool:
+    found = await connection.run_sync(lambda sync: inspect(sync).has_table(table))
+    return bool(found)

@@ -81,7 +81,8 @@ from app.store.backends.postgres_statements import (
     settle_many_parameters,
 )
 from app.store.claims import statements as claims
-from app.store.types import ClaimIdentity, Ordering, RecordedRow, Settlement
+from app.store.schema import deliveries_table_name
+from app.store.types import ClaimIdentity, DeliveryRow, Ordering, RecordedRow, Settlement
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,9 @@ class PostgresBackend(Backend):
         self._outbox = outbox
         attempts = None if history is None else history.attempts
         statements: dict[str, ClauseElement] = {"add": add(table, channel)}
+        deliveries = table.metadata.tables.get(deliveries_table_name(table.name))
+        if deliveries is not None:  # revision 0010: rows with deliveries beside them
+            statements["add_routed"] = add(table, channel, deliveries)
         if "uncounted" in table.c:  # the fenced methods' revision
             statements["settle_many_owned"] = settle_many_owned(table, attempts)
             statements["busy_owned"] = busy_owned(table)
@@ -125,17 +129,23 @@ class PostgresBackend(Backend):
         return driver_sql(self.engine, statement, expanded=True, positional=True)
 
     async def add_many(
-        self, rows: Sequence[RecordedRow], *, guard: Update | None = None
+        self,
+        rows: Sequence[RecordedRow],
+        deliveries: Sequence[DeliveryRow] = (),
+        *,
+        guard: Update | None = None,
     ) -> Sequence[Any] | None:
-        arrays = add_arrays(rows)
+        arrays = add_arrays(rows, deliveries)
+        # Most batches route every update to its row alone: the statement of one INSERT.
+        compiled = self._compiled["add_routed" if deliveries else "add"]
         if guard is None:
-            return await self._direct(self._compiled["add"], arrays)
+            return await self._direct(compiled, arrays)
         async with self.transaction() as connection:
             if (await connection.execute(guard)).first() is None:
                 return None
             if not rows:
                 return []
-            return (await execute(connection, self._compiled["add"], arrays)).all()
+            return (await execute(connection, compiled, arrays)).all()
 
     async def _direct(self, compiled: Compiled, values: dict[str, Any]) -> list[Any]:
         """The statements run most often (the batch insert, the claim), by psycopg itself
@@ -213,12 +223,12 @@ class PostgresBackend(Backend):
         return statement
 
     async def delete_recorded(
-        self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
+        self, connection: AsyncConnection, statement: ReturningDelete[Any], beside: Sequence[Table]
     ) -> int:
         gone = statement.cte("gone")
         counted = select(func.count()).select_from(gone)
-        if attempts is not None:
-            counted = counted.add_cte(history.forget(attempts, gone).cte("forgotten"))
+        for index, table in enumerate(beside):
+            counted = counted.add_cte(history.forget(table, gone).cte(f"forgotten_{index}"))
         return int((await connection.execute(counted)).scalar_one())
 
     async def owns(

@@ -31,7 +31,7 @@ from app.store import history
 from app.store.predicates import live, matches
 from app.store.records import statements as records
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, RecordedRow, Settlement
+from app.store.types import ClaimIdentity, DeliveryRow, RecordedRow, Settlement
 
 # The database's own counters of each table (a view of the statistics system).
 STAT_USER_TABLES = catalog_view(
@@ -50,35 +50,56 @@ STAT_USER_TABLES = catalog_view(
 PG_CLASS = catalog_view("pg_class", column("oid", OID), column("reltuples"))
 
 
-def _unnest(columns: dict[str, Any]) -> Any:
-    """Parallel arrays as a derived table `batch(columns...)`. The statement text is the same
-    for every batch size, so psycopg prepares it once."""
-    arrays = (cast(bindparam(f"batch_{name}"), ARRAY(kind)) for name, kind in columns.items())
-    return func.unnest(*arrays).table_valued(*columns).render_derived(name="batch")
+def _unnest(columns: dict[str, Any], name: str = "batch") -> Any:
+    """Parallel arrays (the parameters `{name}_{column}`) as a derived table
+    `name(columns...)`. The statement text is the same for every batch size, so psycopg
+    prepares it once."""
+    arrays = (cast(bindparam(f"{name}_{c}"), ARRAY(kind)) for c, kind in columns.items())
+    return func.unnest(*arrays).table_valued(*columns).render_derived(name=name)
 
 
-def arrays(columns: dict[str, Any], rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    return {f"batch_{name}": [row[name] for row in rows] for name in columns}
+def arrays(
+    columns: dict[str, Any], rows: Sequence[Any], name: str = "batch"
+) -> dict[str, list[Any]]:
+    """The parameters of `_unnest(columns, name)` for `rows` (mappings, or named tuples)."""
+    if rows and not isinstance(rows[0], dict):
+        return {f"{name}_{c}": [getattr(row, c) for row in rows] for c in columns}
+    return {f"{name}_{c}": [row[c] for row in rows] for c in columns}
 
 
-def add(t: Table, channel: str | None = None) -> Any:
-    """`add_many`'s INSERT over unnest(): new keys as pending, existing ones skipped
+def add(t: Table, channel: str | None = None, deliveries: Table | None = None) -> Any:
+    """`add_many`'s INSERT over unnest(): new keys as their rows say, existing ones skipped
     (duplicates within the batch too); RETURNING names the keys that were new.
 
-    With `channel`, the statement also NOTIFYs it when it added a row: workers in other
-    processes wake at the commit, with no round trip of its own."""
+    With `deliveries` (revision 0010's table), the same statement inserts the deliveries of
+    the new rows (the parameters `routes_*`, `add_arrays`) from the first INSERT's RETURNING.
+    With `channel`, it also NOTIFYs it when it added a row: workers in other processes wake
+    at the commit, with no round trip of its own."""
     added = records.add_many(t, _unnest(records.ADD_COLUMNS), postgresql.insert)
     added = added.returning(t.c.bot, t.c.update_id)
-    if channel is None:
+    if channel is None and deliveries is None:
         return added
-    # pg_notify runs per new row; PostgreSQL sends one notification per transaction.
     rows = added.cte("added")
-    return select(rows.c.bot, rows.c.update_id, func.pg_notify(channel, ""))
+    # pg_notify runs per new row; PostgreSQL sends one notification per transaction.
+    notified = [func.pg_notify(channel, "")] if channel is not None else []
+    statement = select(rows.c.bot, rows.c.update_id, *notified)
+    if deliveries is not None:  # a data-modifying CTE runs whether or not it is read
+        routes = _unnest(records.DELIVERY_COLUMNS, "routes")
+        statement = statement.add_cte(
+            records.add_deliveries(deliveries, routes, new=rows).cte("routed")
+        )
+    return statement
 
 
-def add_arrays(rows: Sequence[RecordedRow]) -> dict[str, list[Any]]:
-    """The parameters of `add` for these rows, as parallel arrays."""
-    return {f"batch_{name}": [getattr(row, name) for row in rows] for name in records.ADD_COLUMNS}
+def add_arrays(
+    rows: Sequence[RecordedRow], deliveries: Sequence[DeliveryRow] = ()
+) -> dict[str, list[Any]]:
+    """The parameters of `add` for these rows (and of its `deliveries` form for these
+    deliveries), as parallel arrays."""
+    found = arrays(records.ADD_COLUMNS, rows)
+    if deliveries:
+        found.update(arrays(records.DELIVERY_COLUMNS, deliveries, "routes"))
+    return found
 
 
 def settle_many_owned(t: Table, attempts: Table | None = None) -> Update | Select[Any]:

@@ -42,7 +42,9 @@ from app.store.backends.sqlite_engine import SQLITE_BEGIN, connector
 from app.store.backends.sqlite_statements import (
     _json_batch,
     add,
+    add_deliveries,
     add_rows,
+    delivery_rows,
     history_insert,
     inserted,
     json_batch,
@@ -51,8 +53,9 @@ from app.store.backends.sqlite_statements import (
 from app.store.backends.sqlite_writer import Prepared, Result, Transaction, Writer
 from app.store.claims import statements as claims
 from app.store.history import ended_many
+from app.store.schema import deliveries_table_name
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, Ordering, RecordedRow, Settlement
+from app.store.types import ClaimIdentity, DeliveryRow, Ordering, RecordedRow, Settlement
 
 
 class SqliteBackend(Backend):
@@ -70,6 +73,7 @@ class SqliteBackend(Backend):
         self._writer = Writer(connector(engine))
         self._add: Prepared | None = None
         self._inserted: Prepared | None = None
+        self._add_deliveries: Prepared | None = None
         self._claims = ClaimShapes(Prepared.of)
         self._history: History | None = None
         self._started: Prepared | None = None
@@ -81,6 +85,10 @@ class SqliteBackend(Backend):
     ) -> None:
         self._add = Prepared.of(add(table))
         self._inserted = Prepared.of(inserted(table))
+        deliveries = table.metadata.tables.get(deliveries_table_name(table.name))
+        self._add_deliveries = (
+            None if deliveries is None else Prepared.of(add_deliveries(deliveries))
+        )
         self._claims = ClaimShapes(Prepared.of)
         self._history = history
         self._started = None if history is None else Prepared.of(history_insert(history.attempts))
@@ -113,17 +121,32 @@ class SqliteBackend(Backend):
                 transaction.execute(outbox.record(self._outbox, spent))
 
     async def add_many(
-        self, rows: Sequence[RecordedRow], *, guard: Update | None = None
+        self,
+        rows: Sequence[RecordedRow],
+        deliveries: Sequence[DeliveryRow] = (),
+        *,
+        guard: Update | None = None,
     ) -> Sequence[Any] | None:
         statement, inserted, batch = self._add, self._inserted, add_rows(rows)
         assert statement is not None, "prepare() first"
         assert inserted is not None
+        routed = self._add_deliveries
+        assert routed is not None or not deliveries, "deliveries need revision 0010"
 
         def work(transaction: Transaction) -> Sequence[Any] | None:
             if guard is not None and not transaction.execute(guard):
                 return None
             if not rows:
                 return []
+            new = recorded(transaction)
+            if deliveries and new and routed is not None:
+                keys = {(row.bot, row.update_id) for row in new}
+                given = [d for d in deliveries if (d.bot, d.update_id) in keys]
+                if given:
+                    transaction.insert(routed, delivery_rows(given))
+            return new
+
+        def recorded(transaction: Transaction) -> Sequence[Any]:
             # Few steps of the driver whatever the batch: at each the writer's thread hands
             # the GIL back and must take it again from the busy event loop.
             count, last = transaction.insert(statement, batch)
@@ -204,12 +227,12 @@ class SqliteBackend(Backend):
         return row
 
     async def delete_recorded(
-        self, connection: AsyncConnection, statement: ReturningDelete[Any], attempts: Table | None
+        self, connection: AsyncConnection, statement: ReturningDelete[Any], beside: Sequence[Table]
     ) -> int:
         keys = (await connection.execute(statement)).all()
-        if attempts is not None and keys:
-            forget = delete(attempts).where(
-                attempts.c.bot == bindparam("k_bot"), attempts.c.update_id == bindparam("k_id")
+        for table in beside if keys else ():
+            forget = delete(table).where(
+                table.c.bot == bindparam("k_bot"), table.c.update_id == bindparam("k_id")
             )
             await connection.execute(forget, [{"k_bot": b, "k_id": u} for b, u in keys])
         return len(keys)

@@ -30,7 +30,7 @@ from app.store import history
 from app.store.predicates import identity_is, in_state
 from app.store.records import statements as records
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, RecordedRow
+from app.store.types import ClaimIdentity, DeliveryRow, RecordedRow
 
 
 def add(t: Table) -> Insert:
@@ -39,6 +39,18 @@ def add(t: Table) -> Insert:
     nothing (each row RETURNING gave was a step of the driver's own): the count it inserted
     tells when every key was new, and `inserted` which ones when some were not."""
     return records.add_many(t, _json_batch(records.ADD_COLUMNS), sqlite.insert)
+
+
+def add_deliveries(d: Table) -> Insert:
+    """`add_many`'s INSERT of the new rows' deliveries beside them (revision 0010) over
+    json_each() (`delivery_rows`): the caller passes only those of the keys `add` recorded."""
+    return records.add_deliveries(d, _json_batch(records.DELIVERY_COLUMNS))
+
+
+def delivery_rows(deliveries: Sequence[DeliveryRow]) -> dict[str, str]:
+    """The parameter of `add_deliveries` for these deliveries."""
+    columns = records.DELIVERY_COLUMNS
+    return json_batch(columns, [dict(zip(columns, row, strict=True)) for row in deliveries])
 
 
 def inserted(t: Table) -> Select[Any]:

@@ -49,8 +49,9 @@ class PollingMethods(SqlCore):
             if not isinstance(row, NewUpdate) or row.bot != bot:
                 raise ValueError(f"row {row!r} is not a NewUpdate of bot {bot!r}")
         statement = polling.advance(table, bot=bot, holder=holder, now=now, offset=offset)
+        stored, deliveries = self._recordable(rows)
         with translated_errors(self.table.name):
-            added = await self._backend.add_many(self._stored_rows(rows), guard=statement)
+            added = await self._backend.add_many(stored, deliveries, guard=statement)
         return None if added is None else {(row.bot, row.update_id) for row in added}
 
     async def release_poller(self, bot: str, *, holder: str) -> bool:

@@ -39,27 +39,35 @@ class RecordMethods(SqlCore):
                 raise ValueError(f"row {row!r} is not a NewUpdate")
         if not rows:
             return set()
+        stored, deliveries = self._recordable(rows)
         with translated_errors(self.table.name):
-            added = await self._backend.add_many(self._stored_rows(rows))
+            added = await self._backend.add_many(stored, deliveries)
         assert added is not None  # no guard
         return {(row.bot, row.update_id) for row in added}
 
     async def prune(self, before: int) -> int:
-        """Batches of PRUNE_BATCH rows, each its own transaction, until one comes up short:
+        """Delete the updates done before `before`: the row's delivery and every other one
+        (revision 0010) settled before it, an open exhaustion never (docs/contract.md).
+        Batches of PRUNE_BATCH rows, each its own transaction, until one comes up short:
         writers (the intake above all) get their turn between batches. One process prunes a
         table at a time: while another one's batch runs, this prune stops where it is (the
         other deletes the rest). Delivered operational events of the same age go with them
         (revision 0004; undelivered ones stay)."""
         before = validate.millis("before", before)
-        statement = records.prune(self.table, before=before, limit=PRUNE_BATCH)
+        statement = records.prune(
+            self.table, self.deliveries_table, before=before, limit=PRUNE_BATCH
+        )
+        beside = [
+            table
+            for table in (self.attempts_table, self.deliveries_table, self.delivery_attempts_table)
+            if table is not None
+        ]
         deleted = 0
         while True:
             async with self.transaction() as connection:
                 if not await self._backend.exclusive(connection, self.table, "prune"):
                     return deleted
-                batch = await self._backend.delete_recorded(
-                    connection, statement, self.attempts_table
-                )
+                batch = await self._backend.delete_recorded(connection, statement, beside)
             deleted += batch
             if batch < PRUNE_BATCH:
                 break

@@ -37,7 +37,9 @@ class Records(Recorder, Protocol):
         ...
 
     async def prune(self, before: int) -> int:
-        """Delete completed and abandoned rows with `settled_at < before`; the count deleted.
+        """Delete completed, abandoned and unrouted rows with `settled_at < before` whose
+        deliveries beside them (revision 0010) are all completed or abandoned with
+        `settled_at < before` too, with those deliveries; the count of rows deleted.
         Unacknowledged exhaustions have no `settled_at` and are never pruned. Deletes in
         bounded batches, each its own transaction, so a large prune never holds the table
         (or SQLite's one write lock) for long; one process at a time prunes a table, and a
