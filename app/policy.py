@@ -16,7 +16,7 @@ from typing import Literal
 
 import httpx
 
-from app.bot_settings import BotSettings
+from app.destinations.settings import DeliveryOptions
 
 Kind = Literal["completed", "deferred", "retry", "terminal"]
 RETRYABLE_4XX = frozenset({408, 425, 429})
@@ -98,7 +98,7 @@ def retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> f
 
 
 def retry_delay_ms(
-    bot: BotSettings,
+    bot: DeliveryOptions,
     attempt: int,
     outcome: Outcome,
     *,

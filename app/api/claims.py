@@ -10,7 +10,7 @@ from app.api.control import acknowledge_in_bulk
 from app.api.control_messages import AcknowledgedInBulk, AcknowledgeRequest
 from app.api.deps import REFUSALS, Callback, CallbackOrOperator, Grant, StrictJsonRoute
 from app.api.lean import LeanRoute
-from app.bot_settings import BotSettings
+from app.destinations.settings import DeliveryOptions
 from app.policy import Outcome, retry_delay_ms
 from app.store import Abandoned, ClaimIdentity, Completed, Failed
 from telegram_intake_kit.wire import (
@@ -37,20 +37,25 @@ router = APIRouter(
 )
 
 
-def _identity(identity: Identity) -> ClaimIdentity:
-    return ClaimIdentity(identity.bot, identity.update_id, identity.attempt, identity.claim_id)
-
-
-def _fenced(grant: Grant, identity: Identity) -> tuple[BotSettings, ClaimIdentity]:
+def _fenced(grant: Grant, identity: Identity) -> tuple[DeliveryOptions, ClaimIdentity]:
+    """The identity as the store compares it, and how its destination's deliveries go (the
+    bot's own options for `default`); 404 for a destination the bot lacks."""
     bot = grant.bot(identity.bot)
-    if bot.mode == "plain":
+    destination = identity.destination
+    options: DeliveryOptions = bot  # default, the common case, is always there
+    if destination != DEFAULT_DESTINATION:
+        found = [t.options for t in bot.targets if t.name == destination]
+        if not found:
+            raise HTTPException(404, f"bot {bot.name!r} has no destination {destination!r}")
+        options = found[0]
+    if options.mode == "plain":
         raise HTTPException(
             409, f"bot {bot.name!r} is in plain mode: its attempts carry no identity"
         )
-    destination = identity.destination  # default, the common case, is always there
-    if destination != DEFAULT_DESTINATION and all(t.name != destination for t in bot.targets):
-        raise HTTPException(404, f"bot {bot.name!r} has no destination {destination!r}")
-    return bot, _identity(identity)
+    claim = ClaimIdentity(
+        identity.bot, identity.update_id, identity.attempt, identity.claim_id, destination
+    )
+    return options, claim
 
 
 def _answer(flag: str, lease: int | None) -> Response:

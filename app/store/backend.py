@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningDelete
 
 from app.store.predicates import Upsert
+from app.store.schema import beside_deliveries, delivery_attempts_table_name, updates_of
 from app.store.types import ClaimIdentity, DeliveryRow, Ordering, RecordedRow, Settlement
 
 Numbers = dict[str, int]  # claim_next_owned's now, lease_until, max_attempts, limit and window
@@ -34,6 +35,15 @@ class History:
 
     attempts: Table
     worker: str
+
+
+def history_beside(table: Table, history: History | None) -> History | None:
+    """`history` (the update's table's) as it stands for `table`: for the deliveries table,
+    the same worker's, recorded in `_delivery_attempts`."""
+    if history is None or not beside_deliveries(table):
+        return history
+    name = delivery_attempts_table_name(updates_of(table).name)
+    return History(table.metadata.tables[name], history.worker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,13 @@ class Backend(ABC):
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self._history: History | None = None
+
+    def history_of(self, table: Table) -> History | None:
+        """Where the attempts of `table`'s deliveries are recorded: the `history` given to
+        `prepare` for the update's table, `_delivery_attempts` beside it for the deliveries
+        table (revision 0010); None when the store keeps none."""
+        return history_beside(table, self._history)
 
     @abstractmethod
     def prepare(
@@ -140,9 +157,11 @@ class Backend(ABC):
         ordering: Ordering,
         bots: list[str] | None,
         durable_exhaustion: bool,
+        destination: str | None = None,
     ) -> Sequence[Any]:
-        """In a write transaction of its own: the rows `claims.claim_next_owned` returns,
-        their attempts recorded as `claim_recorded` records them."""
+        """In a write transaction of its own: the rows `claims.claim_next_owned` returns (on
+        the deliveries table, `destination`'s), their attempts recorded as `claim_recorded`
+        records them."""
 
     @abstractmethod
     async def owns(

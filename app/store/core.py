@@ -7,9 +7,9 @@ import asyncio
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Row, Table, Update, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -39,6 +39,7 @@ from app.store.schema import (
 )
 from app.store.sealing import Sealing
 from app.store.types import (
+    DEFAULT_DESTINATION,
     Abandoned,
     Capability,
     ClaimIdentity,
@@ -56,6 +57,20 @@ def check_settlement(value: Settlement) -> Settlement:
     if not isinstance(value, Completed | Failed | Abandoned | HandedBack):
         raise ValueError(f"settlement {value!r} is not Completed, Failed, Abandoned or HandedBack")
     return value
+
+
+Item = TypeVar("Item")
+
+
+def by_destination(
+    items: Iterable[Item], identity: Callable[[Item], ClaimIdentity]
+) -> dict[str, list[Item]]:
+    """`items` grouped by the destination of their `identity`, in their order: each group's
+    deliveries are in one table (docs/design.md decision 7)."""
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        groups.setdefault(identity(item).destination, []).append(item)
+    return groups
 
 
 def check_identity(value: ClaimIdentity) -> ClaimIdentity:
@@ -125,7 +140,7 @@ class SqlCore(Sealing):
         self._tables(table, revision)
         # Per bot filter: the next chat claim's window and the claims left to skip it
         # (`app.store.claims.chat_order.next_window`).
-        self._chat_windows: dict[tuple[str, ...] | None, tuple[int, int]] = {}
+        self._chat_windows: dict[tuple[str, tuple[str, ...] | None], tuple[int, int]] = {}
         # The re-encryption's place in each table, by name (`app.store.keys.methods`): a pass
         # walks each in key order to its end (None: walked to its end in this pass).
         self._reencrypt_after: dict[str, tuple[Any, ...] | None] = {}
@@ -209,6 +224,14 @@ class SqlCore(Sealing):
             )
         return table
 
+    def _delivery_table(self, destination: str) -> Table:
+        """Where `destination`'s deliveries are: the update's table for `default`, the
+        deliveries table (revision 0010; SchemaError below it) for any other."""
+        if destination == DEFAULT_DESTINATION:
+            return self.table
+        validate.destination_name(destination)
+        return self._needing(self.deliveries_table, f"destination {destination!r}", "0010")
+
     def _recordable(self, rows: Sequence[NewUpdate]) -> tuple[list[RecordedRow], list[DeliveryRow]]:
         """New rows and their deliveries as stored (`Sealing._stored_rows`); SchemaError when
         some go elsewhere than `default` and the live schema is below revision 0010."""
@@ -281,8 +304,9 @@ class SqlCore(Sealing):
         the `event` the matched row makes (when events are on) in the same transaction;
         whether it matched."""
         follow = None
-        if self.attempts_table is not None and self.keeps_history:
-            follow = history.ended(self.attempts_table, identity, **end)
+        kept = self._backend.history_of(self._delivery_table(identity.destination))
+        if kept is not None:
+            follow = history.ended(kept.attempts, identity, **end)
         if event is None or self._outbox() is None:
             async with self._write() as connection:
                 return await self._backend.transition(connection, statement, follow) is not None

@@ -68,7 +68,8 @@ def _replacing(insert: Any) -> Insert:
         "status_code": None,
         "error": None,
     }
-    key = [insert.table.c.bot, insert.table.c.update_id, insert.table.c.attempt]
+    a = insert.table.c
+    key = [a.bot, *_destination(insert.table), a.update_id, a.attempt]
     statement: Insert = insert.on_conflict_do_update(index_elements=key, set_=replaced)
     return statement
 
@@ -77,10 +78,11 @@ def started(attempts: Table, claimed: CTE, *, now: Any, worker: Any, upsert: Ups
     """Insert the attempts a claim started: the rows of `claimed` (a claim's RETURNING:
     bot, update_id, attempts, claim_id, state) that it leased."""
     c = claimed.c
-    source = select(c.bot, c.update_id, c.attempts, c.claim_id, now, worker).where(
+    beside = [c.destination] if _destination(attempts) else []
+    source = select(c.bot, c.update_id, c.attempts, c.claim_id, now, worker, *beside).where(
         c.state == "processing"
     )
-    insert = upsert(attempts).from_select(STARTED, source)
+    insert = upsert(attempts).from_select(STARTED + ["destination"] * len(beside), source)
     return _replacing(insert)
 
 
@@ -88,18 +90,27 @@ STARTED = ["bot", "update_id", "attempt", "claim_id", "started_at", "worker"]
 
 
 def start_rows(rows: Sequence[Any], *, now: int, worker: str | None) -> list[dict[str, Any]]:
-    """The `_attempts` rows of a claim's returned rows, for `insert_started`."""
+    """The `_attempts` rows of a claim's returned rows, for `insert_started` (on the
+    deliveries table, with each row's destination)."""
     return [
-        dict(
-            zip(
-                STARTED,
-                (row.bot, row.update_id, row.attempts, row.claim_id, now, worker),
-                strict=True,
-            )
-        )
+        {
+            **dict(
+                zip(
+                    STARTED,
+                    (row.bot, row.update_id, row.attempts, row.claim_id, now, worker),
+                    strict=True,
+                )
+            ),
+            **({"destination": row.destination} if hasattr(row, "destination") else {}),
+        }
         for row in rows
         if row.state == "processing"
     ]
+
+
+def _destination(attempts: Table) -> list[Any]:
+    """The history's destination column: `_delivery_attempts` (revision 0010) has one."""
+    return [attempts.c.destination] if "destination" in attempts.c else []
 
 
 def insert_started(attempts: Table, upsert: Upsert) -> Insert:
@@ -123,6 +134,7 @@ def ended(
         update(attempts)
         .where(
             a.bot == identity.bot,
+            *(column == identity.destination for column in _destination(attempts)),
             a.update_id == identity.update_id,
             a.attempt == identity.attempt,
             a.claim_id == identity.claim_id,
@@ -151,6 +163,7 @@ def ended_many(attempts: Table, batch: FromClause, *only: ColumnElement[bool]) -
         update(attempts)
         .where(
             a.bot == batch.c.bot,
+            *(column == batch.c.destination for column in _destination(attempts)),
             a.update_id == batch.c.update_id,
             a.attempt == batch.c.attempt,
             a.claim_id == batch.c.claim_id,

@@ -15,19 +15,26 @@ from sqlalchemy import (
     Text,
     and_,
     case,
+    false,
     func,
     literal,
     literal_column,
     null,
     or_,
+    select,
+    true,
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.expression import FromClause
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.sql.visitors import InternalTraversal
 
+from app.store import validate
+from app.store.schema_beside import beside_deliveries, updates_of
 from app.store.types import (
+    DEFAULT_DESTINATION,
     STATES,
     Abandoned,
     ClaimIdentity,
@@ -129,8 +136,23 @@ def lease_column(t: Table) -> ColumnElement[int]:
     return t.c.due_at + 0
 
 
-def key_is(t: Table, bot: str | BindParameter[str], update_id: Number) -> ColumnElement[bool]:
-    return and_(t.c.bot == bot, t.c.update_id == update_id)
+def key_is(
+    t: Table,
+    bot: str | ColumnElement[str],
+    update_id: Number | ColumnElement[int],
+    destination: str | ColumnElement[str] = DEFAULT_DESTINATION,
+) -> ColumnElement[bool]:
+    """One delivery's key: (bot, update_id) in the update's table, whose delivery is
+    `default`'s; (bot, destination, update_id) in the deliveries table (revision 0010)."""
+    if "destination" in t.c:
+        return and_(t.c.bot == bot, t.c.destination == destination, t.c.update_id == update_id)
+    # Another destination's delivery is never the update's row.
+    if isinstance(destination, str):
+        if destination != DEFAULT_DESTINATION:
+            return false()
+        return and_(t.c.bot == bot, t.c.update_id == update_id)
+    default: ColumnElement[str] = literal_column(f"'{DEFAULT_DESTINATION}'")
+    return and_(t.c.bot == bot, destination == default, t.c.update_id == update_id)
 
 
 def lapsed_or_due(t: Table, now: Number) -> ColumnElement[bool]:
@@ -156,12 +178,31 @@ def holds_lease(t: Table, bot: str, update_id: int, attempt: int, at: int) -> Co
 
 
 def identity_is(t: Table, identity: ClaimIdentity) -> ColumnElement[bool]:
-    """All four fields of the identity: neither a later attempt nor a recycled key matches."""
-    return matches(t, identity.bot, identity.update_id, identity.attempt, identity.claim_id)
+    """All five fields of the identity: neither a later attempt, a recycled key nor another
+    destination's delivery matches."""
+    return matches(
+        t,
+        identity.bot,
+        identity.update_id,
+        identity.attempt,
+        identity.claim_id,
+        identity.destination,
+    )
 
 
-def matches(t: Table, bot: Any, update_id: Any, attempt: Any, claim_id: Any) -> ColumnElement[bool]:
-    return and_(key_is(t, bot, update_id), t.c.attempts == attempt, t.c.claim_id == claim_id)
+def matches(
+    t: Table,
+    bot: Any,
+    update_id: Any,
+    attempt: Any,
+    claim_id: Any,
+    destination: Any = DEFAULT_DESTINATION,
+) -> ColumnElement[bool]:
+    return and_(
+        key_is(t, bot, update_id, destination),
+        t.c.attempts == attempt,
+        t.c.claim_id == claim_id,
+    )
 
 
 def owned_by(t: Table, identity: ClaimIdentity, at: int) -> ColumnElement[bool]:
@@ -248,6 +289,31 @@ def traced(t: Table) -> list[ColumnElement[Any]]:
 
 def transition_returning(t: Table) -> tuple[ColumnElement[Any], ...]:
     """What a transition that may make an exhaustion returns: its identity and what
-    exhaustion.created tells of it (`app.store.outbox.exhaustion`), its trace included."""
+    exhaustion.created tells of it (`app.store.outbox.exhaustion`), its trace included; on
+    the deliveries table its destination too."""
     c = t.c
-    return (c.bot, c.update_id, c.attempts, c.claim_id, c.update_type, c.queue_key, *traced(t))
+    update_type, *trace = of_update(t)[1:]
+    beside = [c.destination] if beside_deliveries(t) else []
+    return (c.bot, c.update_id, c.attempts, c.claim_id, update_type, c.queue_key, *trace, *beside)
+
+
+def of_update(t: Table) -> list[ColumnElement[Any]]:
+    """What a claim returns of the update itself (its body, type and trace context): the
+    row's own columns, or on the deliveries table one primary-key probe of the update's row
+    each (SQLite's RETURNING admits a subquery, never a joined table)."""
+    if not beside_deliveries(t):
+        return [t.c.body, t.c.update_type, *traced(t)]
+    u = updates_of(t)
+    key = and_(u.c.bot == t.c.bot, u.c.update_id == t.c.update_id)
+    return [
+        qualified(select(u.c[name]).where(key).scalar_subquery()).label(name)
+        for name in ("body", "update_type", "trace_context")
+    ]
+
+
+def for_destination(t: FromClause, destination: str | None) -> ColumnElement[bool]:
+    """The rows of one destination on the deliveries table (a constant, so that one compiled
+    claim serves one destination); nothing on the update's table, whose rows are `default`'s."""
+    if not beside_deliveries(t):
+        return true()
+    return t.c.destination == literal_column(f"'{validate.destination_name(destination)}'")

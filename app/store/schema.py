@@ -89,6 +89,9 @@ from app.store.schema_beside import (
     audit_table_name as audit_table_name,
 )
 from app.store.schema_beside import (
+    beside_deliveries as beside_deliveries,
+)
+from app.store.schema_beside import (
     bots_table_name as bots_table_name,
 )
 from app.store.schema_beside import (
@@ -114,6 +117,9 @@ from app.store.schema_beside import (
 )
 from app.store.schema_beside import (
     sessions_table_name as sessions_table_name,
+)
+from app.store.schema_beside import (
+    updates_of as updates_of,
 )
 from app.store.types import STATES
 

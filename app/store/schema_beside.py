@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     text,
 )
+from sqlalchemy.sql.expression import FromClause
 
 from app.store.types import DELIVERY_STATES
 
@@ -289,6 +290,16 @@ def delivery_attempts_table_name(table: str) -> str:
 
 def destinations_table_name(table: str) -> str:
     return f"{table}_destinations"
+
+
+def beside_deliveries(t: FromClause) -> bool:
+    """Whether `t` is a deliveries table (revision 0010), not the update's own."""
+    return "destination" in t.c
+
+
+def updates_of(deliveries: Table) -> Table:
+    """The update's table beside a deliveries table, from the same metadata."""
+    return deliveries.metadata.tables[deliveries.name.removesuffix("_deliveries")]
 
 
 def add_destination_tables(metadata: MetaData, table: str) -> None:

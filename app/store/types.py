@@ -6,7 +6,7 @@ All are frozen dataclasses; times are integer epoch milliseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from app.store import validate
 
@@ -30,12 +30,15 @@ Ordering = Literal["chat", "none"]
 
 @dataclass(frozen=True, slots=True)
 class ClaimIdentity:
-    """One attempt at one update. Every fenced transition compares all four fields."""
+    """One attempt at one update's delivery to one destination. Every fenced transition
+    compares all five fields; `default`'s delivery is the update's row (revision 0010 adds
+    the others, docs/design.md decision 7)."""
 
     bot: str
     update_id: int
     attempt: int
     claim_id: str
+    destination: str = DEFAULT_DESTINATION
 
     def __post_init__(self) -> None:
         validate.bot_name(self.bot)
@@ -43,6 +46,15 @@ class ClaimIdentity:
         validate.attempts("attempt", self.attempt)
         if not isinstance(self.claim_id, str) or not self.claim_id:
             raise ValueError(f"claim_id {self.claim_id!r} is not a non-empty string")
+        if self.destination is not DEFAULT_DESTINATION:
+            validate.destination_name(self.destination)
+
+
+def identity_of(row: Any) -> ClaimIdentity:
+    """The identity a read or returned row holds (bot, update_id, attempts, claim_id, and on
+    the deliveries table its destination)."""
+    destination = getattr(row, "destination", DEFAULT_DESTINATION)
+    return ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id, destination)
 
 
 @dataclass(frozen=True, slots=True)

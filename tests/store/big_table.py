@@ -24,7 +24,8 @@ class Shape:
     leased: int = 500  # processing under a live lease: deliveries in flight
     exhausted: int = 50  # unacknowledged exhaustions
     # Revision 0010: a delivery to destination `payments` beside the first retained rows,
-    # completed with them, so that statements reading the deliveries table meet a full one.
+    # completed with them, and beside every open row, in its state: statements reading the
+    # deliveries table meet one of the updates table's shape.
     routed: int = 200_000
 
 
@@ -83,7 +84,7 @@ async def fill(
                     "attempts, due_at, received_at, settled_at, claim_id) "
                     "SELECT bot, 'payments', update_id, queue_key, state, attempts, due_at, "
                     f"received_at, settled_at, claim_id FROM {table} "
-                    "WHERE update_id <= :count"
+                    "WHERE update_id <= :count OR state <> 'completed'"
                 ),
                 {"count": min(shape.routed, shape.retained)},
             )

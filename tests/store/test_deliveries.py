@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app.store import NewUpdate, SchemaError, open_store
+from app.store import ClaimIdentity, Completed, Failed, NewUpdate, SchemaError, open_store
 from app.store.store import SqlUpdateStore
 from app.store.types import Route
 from tests.conftest import Storage
@@ -94,6 +94,11 @@ async def test_routes_need_revision_0010_and_a_refusal_writes_nothing(storage: S
                 await store.add_many([_update(5), _update(1, *routes)])
         assert await _rows(store) == {}
         assert await store.add_many([_update(1, DEFAULT)]) == {("shop", 1)}  # default: as ever
+        # Claims need the head revision whatever their destination (below it: plain bots).
+        with pytest.raises(SchemaError, match="upgrade head"):
+            await store.claim_next_owned(**CLAIM, destination="payments")
+        with pytest.raises(SchemaError, match="upgrade head"):
+            await store.owns(ClaimIdentity("shop", 1, 1, "c", "payments"), 1)
     finally:
         await store.close()
 
@@ -139,5 +144,140 @@ async def test_prune_takes_an_update_once_its_row_and_every_delivery_beside_it_a
         assert await store.prune(3_000) == 1
         assert set(await _rows(store)) == {3}
         assert set(await _deliveries(store)) == {(3, "payments")}  # it went with its row
+    finally:
+        await store.close()
+
+
+CLAIM = {"now": 2_000, "lease_until": 62_000, "max_attempts": 3, "limit": 10}
+
+
+async def _history(store: SqlUpdateStore) -> list[tuple[str, int, int, str | None]]:
+    a = store.delivery_attempts_table
+    assert a is not None
+    async with store.engine.connect() as connection:
+        rows = await connection.execute(
+            select(a.c.destination, a.c.update_id, a.c.attempt, a.c.outcome).order_by(
+                a.c.destination, a.c.update_id, a.c.attempt
+            )
+        )
+        return [tuple(row) for row in rows]
+
+
+async def test_a_destination_claims_its_own_deliveries_with_the_update_s_body(
+    storage: Storage,
+) -> None:
+    store = await open_store(storage.url())
+    try:
+        traced = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        routed = _update(1, DEFAULT, PAYMENTS, ANALYTICS)
+        await store.add_many(
+            [
+                NewUpdate(**{**_fields(routed), "trace_context": traced}),
+                _update(2, PAYMENTS, at=1_001),
+                _update(3, DEFAULT, at=1_002),
+            ]
+        )
+        taken = await store.claim_next_owned(**CLAIM, destination="payments")
+        assert [(c.identity.update_id, c.identity.destination) for c in taken] == [
+            (1, "payments")  # 2 waits behind 1 in chat 7, for payments alone
+        ]
+        (first,) = taken
+        assert (first.identity.attempt, first.counted) == (1, 1)
+        assert (first.body, first.update_type) == (routed.body, "message")
+        assert (first.trace_context, first.received_at) == (traced, 1_000)
+        assert first.queue_key is not None
+        # default's own claim is untouched by payments' lease: 1 then 3 are its own.
+        mine = await store.claim_next_owned(**CLAIM, ordering="none")
+        assert [(c.identity.update_id, c.identity.destination) for c in mine] == [
+            (1, "default"),
+            (3, "default"),
+        ]
+        # An unordered destination's deliveries wait for nothing.
+        loose = await store.claim_next_owned(**CLAIM, destination="analytics")
+        assert [c.identity.update_id for c in loose] == [1]
+        assert await _history(store) == [("analytics", 1, 1, None), ("payments", 1, 1, None)]
+    finally:
+        await store.close()
+
+
+def _fields(row: NewUpdate) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in NewUpdate.__dataclass_fields__}
+
+
+async def test_each_transition_of_a_delivery_compares_its_destination_too(
+    storage: Storage,
+) -> None:
+    store = await open_store(storage.url())
+    try:
+        await store.add_many([_update(1, DEFAULT, PAYMENTS), _update(2, PAYMENTS, chat=8)])
+        pay = {c.identity.update_id: c.identity for c in
+               await store.claim_next_owned(**CLAIM, destination="payments")}  # fmt: skip
+        (own,) = [c.identity for c in await store.claim_next_owned(**CLAIM)]
+        # The same key and attempt under another destination, or its claim_id on default's
+        # row: neither is the delivery.
+        crossed = ClaimIdentity("shop", 1, 1, pay[1].claim_id)  # default, payments' claim_id
+        assert not await store.owns(crossed, 2_100)
+        assert not await store.settle_owned(crossed, Completed(2_100))
+        other = ClaimIdentity("shop", 1, 1, own.claim_id, "payments")
+        assert not await store.owns(other, 2_100)
+        assert await store.owned_leases([pay[1], own, pay[2], other], 2_100) == [
+            62_000, 62_000, 62_000, None]  # fmt: skip
+        assert await store.renewed_leases([(pay[1], 70_000), (own, 65_000)], 2_200) == [
+            70_000, 65_000]  # fmt: skip
+        assert await store.renew_owned(pay[2], 71_000, 2_200)
+        waiting: set[tuple[str, int]] = set()
+        assert await store.settle_many_owned(
+            [(pay[1], Completed(2_300)), (own, Completed(2_300)),
+             (pay[2], Failed(2_300, 9_000, "HTTP 502"))],
+            waiting=waiting,
+        ) == [True, True, True]  # fmt: skip
+        assert not await store.settle_owned(pay[1], Completed(2_400))  # settled already
+        deliveries = await _deliveries(store)
+        assert (deliveries[(1, "payments")].state, deliveries[(1, "payments")].settled_at) == (
+            "completed", 2_300)  # fmt: skip
+        assert deliveries[(2, "payments")].state == "failed"
+        assert deliveries[(2, "payments")].due_at == 9_000
+        assert (await _rows(store))[1].state == "completed"
+        assert await _history(store) == [
+            ("payments", 1, 1, "completed"), ("payments", 2, 1, "failed")]  # fmt: skip
+        # A duplicate key within a destination is refused; across destinations it is not.
+        with pytest.raises(ValueError, match="repeat"):
+            await store.settle_many_owned([(pay[2], Completed(1)), (pay[2], Completed(1))])
+    finally:
+        await store.close()
+
+
+async def test_a_paused_destination_starts_no_attempt(
+    storage: Storage,
+) -> None:
+    store = await open_store(storage.url())
+    try:
+        await store.add_many([_update(1, DEFAULT, PAYMENTS)])
+        controls = store.destinations_table
+        assert controls is not None
+        async with store.engine.begin() as connection:
+            await connection.execute(
+                controls.insert().values(bot="shop", destination="payments", paused_at=1)
+            )
+        assert await store.claim_next_owned(**CLAIM, destination="payments") == []
+        assert len(await store.claim_next_owned(**CLAIM)) == 1  # default's is not paused
+    finally:
+        await store.close()
+
+
+async def test_a_destination_s_held_chat_is_walked_past_by_its_heads(storage: Storage) -> None:
+    """A chat whose head is leased, with a queue behind it longer than the claim's window:
+    the head walk finds the next chat's delivery, within the destination alone."""
+    store = await open_store(storage.url())
+    try:
+        await store.add_many([_update(n, DEFAULT, PAYMENTS) for n in range(1, 31)])
+        await store.add_many([_update(31, DEFAULT, PAYMENTS, chat=8, at=1_500)])
+        claim = {**CLAIM, "limit": 2}
+        first = await store.claim_next_owned(**claim, destination="payments")
+        assert [c.identity.update_id for c in first] == [1, 31]
+        for _ in range(2):  # the window comes up short, then the heads go first
+            assert await store.claim_next_owned(**claim, destination="payments") == []
+        # default's queue is its own: its head is free.
+        assert [c.identity.update_id for c in await store.claim_next_owned(**claim)] == [1, 31]
     finally:
         await store.close()

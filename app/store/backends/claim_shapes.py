@@ -15,7 +15,8 @@ Compiled = TypeVar("Compiled")
 
 
 class ClaimShapes(Generic[Compiled]):
-    """`claim_next_owned`'s statement compiled once per shape (ordering, bots, durable), its
+    """`claim_next_owned`'s statement compiled once per shape (table, destination, ordering,
+    bots, durable), its
     numbers bound at each run: a dispatcher claims for the same bots over and over, and
     building the chat-ordered statement costs milliseconds of Python, more than the database
     takes to run it. Shapes are few; callers listing ever new bots are not: 64 at most."""
@@ -32,10 +33,13 @@ class ClaimShapes(Generic[Compiled]):
         bots: list[str] | None,
         durable_exhaustion: bool,
         lateral: bool,
+        destination: str | None = None,
         record: Callable[[Update], ClauseElement] = lambda claim: claim,
     ) -> Compiled:
-        """The compiled claim of this shape, `record`ed (what the backend adds to it)."""
-        key = (ordering, None if bots is None else tuple(bots), durable_exhaustion)
+        """The compiled claim of this shape, `record`ed (what the backend adds to it): on the
+        deliveries table (revision 0010), one per destination."""
+        bots_key = None if bots is None else tuple(bots)
+        key = (table.name, destination, ordering, bots_key, durable_exhaustion)
         compiled = self._compiled.get(key)
         if compiled is None:
             if len(self._compiled) >= 64:
@@ -51,6 +55,7 @@ class ClaimShapes(Generic[Compiled]):
                 bots=bots,
                 durable_exhaustion=durable_exhaustion,
                 lateral=lateral,
+                destination=destination,
             )
             compiled = self._compiled[key] = self._compile(record(claim))
         return compiled

@@ -32,6 +32,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
+from typing import cast as typed
 
 import psycopg
 from psycopg import sql as psql
@@ -81,8 +82,16 @@ from app.store.backends.postgres_statements import (
     settle_many_parameters,
 )
 from app.store.claims import statements as claims
-from app.store.schema import deliveries_table_name
-from app.store.types import ClaimIdentity, DeliveryRow, Ordering, RecordedRow, Settlement
+from app.store.history import started as started_in
+from app.store.schema import beside_deliveries, deliveries_table_name
+from app.store.types import (
+    ClaimIdentity,
+    DeliveryRow,
+    Ordering,
+    RecordedRow,
+    Settlement,
+    identity_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +107,8 @@ class PostgresBackend(Backend):
         self.write_lock = self.read_lock = asyncio.Semaphore(engine.pool.size())  # type: ignore[attr-defined]
         self._channel = ""
         self._compiled: dict[str, Compiled] = {}
+        self._beside: dict[str, Compiled] = {}  # the deliveries table's (revision 0010)
         self._claims = ClaimShapes(self._claim_sql)
-        self._history: History | None = None
         self._kept = Kept(engine, self.write_lock)  # the insert's and the claim's
         self._settling = Kept(engine, self.write_lock, fewest=3)  # where the pool spares a third
 
@@ -109,20 +118,22 @@ class PostgresBackend(Backend):
         self._channel = channel
         self._history = history
         self._outbox = outbox
-        attempts = None if history is None else history.attempts
         statements: dict[str, ClauseElement] = {"add": add(table, channel)}
         deliveries = table.metadata.tables.get(deliveries_table_name(table.name))
         if deliveries is not None:  # revision 0010: rows with deliveries beside them
             statements["add_routed"] = add(table, channel, deliveries)
         if "uncounted" in table.c:  # the fenced methods' revision
-            statements["settle_many_owned"] = settle_many_owned(table, attempts)
-            statements["busy_owned"] = busy_owned(table)
-            statements["owned_leases"] = owned_leases(table)
-            statements["renewed_leases"] = renewed_leases(table)
-            statements["owns"] = claims.owns(
-                table, identity=None, at=bindparam("at", type_=BigInteger), lock=False
-            )
+            statements.update(_fenced(table, history))
         self._compiled = {name: driver_sql(self.engine, s) for name, s in statements.items()}
+        self._beside = {}
+        if deliveries is not None:
+            beside = _fenced(deliveries, self.history_of(deliveries))
+            self._beside = {name: driver_sql(self.engine, s) for name, s in beside.items()}
+
+    def _statement(self, name: str, table: Table) -> Compiled:
+        """The compiled statement `name` for `table`: the update's table's, or the deliveries
+        table's (revision 0010)."""
+        return (self._beside if beside_deliveries(table) else self._compiled)[name]
         self._claims = ClaimShapes(self._claim_sql)
 
     def _claim_sql(self, statement: ClauseElement) -> Compiled:
@@ -165,6 +176,7 @@ class PostgresBackend(Backend):
         ordering: Ordering,
         bots: list[str] | None,
         durable_exhaustion: bool,
+        destination: str | None = None,
     ) -> Sequence[Any]:
         compiled = self._claims.get(
             table,
@@ -172,11 +184,13 @@ class PostgresBackend(Backend):
             bots=bots,
             durable_exhaustion=durable_exhaustion,
             lateral=True,
+            destination=destination,
             record=lambda claim: self._recorded(
                 claim,
                 now=bindparam("now", 0, BigInteger),
                 worker=bindparam("worker", "", Text),
                 durable=durable_exhaustion,
+                history=self.history_of(table),
             ),
         )
         values: dict[str, Any] = dict(numbers)
@@ -197,24 +211,34 @@ class PostgresBackend(Backend):
     async def claim_recorded(self, statement: Update, now: int, *, durable: bool) -> Sequence[Any]:
         worker = "" if self._history is None else self._history.worker
         recorded = self._recorded(
-            statement, now=literal(now, BigInteger), worker=literal(worker, Text), durable=durable
+            statement,
+            now=literal(now, BigInteger),
+            worker=literal(worker, Text),
+            durable=durable,
+            history=self.history_of(typed(Table, statement.table)),
         )
         async with self.write() as connection:
             return (await connection.execute(recorded)).all()
 
     def _recorded(
-        self, claim: Update, *, now: ColumnElement[int], worker: ColumnElement[str], durable: bool
+        self,
+        claim: Update,
+        *,
+        now: ColumnElement[int],
+        worker: ColumnElement[str],
+        durable: bool,
+        history: History | None,
     ) -> Update | Select[Any]:
-        """A claim that, in the same statement, enters the attempts it starts in their history
+        """A claim that, in the same statement, enters the attempts it starts in `history`
         and (`durable`) the exhaustions it makes in the outbox: data-modifying CTEs."""
-        records = self._history is not None or (self._outbox is not None and durable)
+        records = history is not None or (self._outbox is not None and durable)
         if not records:
             return claim
         claimed = claim.cte("claimed")
         statement = select(claimed)
-        if self._history is not None:
-            started = history.started(
-                self._history.attempts, claimed, now=now, worker=worker, upsert=self.upsert
+        if history is not None:
+            started = started_in(
+                history.attempts, claimed, now=now, worker=worker, upsert=self.upsert
             )
             statement = statement.add_cte(started.cte("started"))
         if self._outbox is not None and durable:
@@ -235,7 +259,7 @@ class PostgresBackend(Backend):
         self, connection: AsyncConnection, table: Table, identity: ClaimIdentity, at: int
     ) -> Row[Any] | None:
         values = {**dataclasses.asdict(identity), "at": at}
-        return (await execute(connection, self._compiled["owns"], values)).first()
+        return (await execute(connection, self._statement("owns", table), values)).first()
 
     async def owned_leases(
         self,
@@ -246,11 +270,8 @@ class PostgresBackend(Backend):
     ) -> dict[ClaimIdentity, int]:
         rows = [dataclasses.asdict(identity) for identity in identities]
         values = {**arrays(IDENTITY_COLUMNS, rows), "at": at}
-        result = await execute(connection, self._compiled["owned_leases"], values)
-        return {
-            ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
-            for row in result.all()
-        }
+        result = await execute(connection, self._statement("owned_leases", table), values)
+        return {identity_of(row): int(row.due_at) for row in result.all()}
 
     async def renewed_leases(
         self,
@@ -264,25 +285,22 @@ class PostgresBackend(Backend):
             for identity, lease_until in renewals
         ]
         values = {**arrays(RENEW_COLUMNS, rows), "now": now}
-        result = await execute(connection, self._compiled["renewed_leases"], values)
-        return {
-            ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id): int(row.due_at)
-            for row in result.all()
-        }
+        result = await execute(connection, self._statement("renewed_leases", table), values)
+        return {identity_of(row): int(row.due_at) for row in result.all()}
 
     async def settle_many_owned(
         self, table: Table, items: Sequence[tuple[ClaimIdentity, Settlement]]
     ) -> dict[tuple[str, int], bool | None]:
         arrays = settle_many_parameters(items)
         async with self._settling.connection() as connection:
-            rows = await direct(connection, self._compiled["settle_many_owned"], arrays)
+            rows = await direct(connection, self._statement("settle_many_owned", table), arrays)
             settled: dict[tuple[str, int], bool | None] = {
                 (row.bot, row.update_id): bool(row.waiting) for row in rows
             }
             unsettled = [i for i in items if (i[0].bot, i[0].update_id) not in settled]
             if unsettled:  # refused, or skipped because locked: tell them apart
                 arrays = settle_many_parameters(unsettled)
-                busy = await direct(connection, self._compiled["busy_owned"], arrays)
+                busy = await direct(connection, self._statement("busy_owned", table), arrays)
                 settled.update({(row.bot, row.update_id): None for row in busy})
         return settled
 
@@ -402,3 +420,18 @@ class PostgresBackend(Backend):
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, max_pause)
+
+
+def _fenced(table: Table, history: History | None) -> dict[str, ClauseElement]:
+    """The fenced methods' statements compiled once for `table` (the update's or the
+    deliveries'): the batch settle (ending each attempt in `history`), its busy check, the
+    batch reads and renewals of leases, and `owns`."""
+    return {
+        "settle_many_owned": settle_many_owned(
+            table, None if history is None else history.attempts
+        ),
+        "busy_owned": busy_owned(table),
+        "owned_leases": owned_leases(table),
+        "renewed_leases": renewed_leases(table),
+        "owns": claims.owns(table, identity=None, at=bindparam("at", type_=BigInteger), lock=False),
+    }

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     BigInteger,
     Integer,
     Select,
     Table,
     Text,
     Update,
-    and_,
     bindparam,
     case,
     cast,
@@ -28,8 +28,9 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY, OID
 
 from app.store import history
-from app.store.predicates import live, matches
+from app.store.predicates import key_is, live
 from app.store.records import statements as records
+from app.store.schema import beside_deliveries
 from app.store.settles import statements as settles
 from app.store.types import ClaimIdentity, DeliveryRow, RecordedRow, Settlement
 
@@ -110,12 +111,7 @@ def settle_many_owned(t: Table, attempts: Table | None = None) -> Update | Selec
     process. `busy_owned` tells a skipped row from a refused one. With `attempts`, the same
     statement ends each settled attempt's history (a data-modifying CTE)."""
     batch = select(_unnest(settles.SETTLE_COLUMNS)).cte("batch")
-    free = (
-        select(t.c.bot, t.c.update_id)
-        .join(batch, and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id))
-        .with_for_update(skip_locked=True, of=t)
-        .cte("free")
-    )
+    free = _free(t, batch)
     unlocked = tuple_(t.c.bot, t.c.update_id).in_(select(free.c.bot, free.c.update_id))
     settle = settles.settle_many_owned(t, batch, unlocked)
     if attempts is None:
@@ -130,11 +126,33 @@ def busy_owned(t: Table) -> Select[Any]:
     with a live lease: `settle_many_owned` skipped them because their row was locked. Read
     without a lock, so it never waits."""
     batch = _unnest(settles.SETTLE_COLUMNS)
-    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    exact = settles.batch_matches(t, batch)
     return select(t.c.bot, t.c.update_id).where(exact, live(t, batch.c.at))
 
 
-IDENTITY_COLUMNS = {"bot": Text, "update_id": BigInteger, "attempt": Integer, "claim_id": Text}
+def _free(t: Table, batch: CTE) -> CTE:
+    """The rows of a batch's keys that no other transaction holds, locked (SKIP LOCKED)."""
+    return (
+        select(t.c.bot, t.c.update_id)
+        .join(batch, key_is(t, batch.c.bot, batch.c.update_id, batch.c.destination))
+        .with_for_update(skip_locked=True, of=t)
+        .cte("free")
+    )
+
+
+IDENTITY_COLUMNS = {
+    "bot": Text,
+    "update_id": BigInteger,
+    "attempt": Integer,
+    "claim_id": Text,
+    "destination": Text,
+}
+
+
+def leased(t: Table) -> tuple[Any, ...]:
+    """What the batch reads of leases return: the identity (`types.identity_of`) and lease."""
+    beside = [t.c.destination] if beside_deliveries(t) else []
+    return (t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, *beside, t.c.due_at)
 
 
 def owned_leases(t: Table) -> Select[Any]:
@@ -142,11 +160,8 @@ def owned_leases(t: Table) -> Select[Any]:
     leases: `owns`'s rule (`predicates.owned_by`) for all of them in one statement, read
     without a lock."""
     batch = _unnest(IDENTITY_COLUMNS)
-    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
     at = bindparam("at", type_=BigInteger)
-    return select(t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.due_at).where(
-        exact, live(t, at)
-    )
+    return select(*leased(t)).where(settles.batch_matches(t, batch), live(t, at))
 
 
 RENEW_COLUMNS = {**IDENTITY_COLUMNS, "lease_until": BigInteger}
@@ -158,13 +173,8 @@ def renewed_leases(t: Table) -> Update:
     `lease_until` and never shortened. A row another transaction holds locked is skipped, not
     waited for (as `settle_many_owned`): its caller renews it alone."""
     batch = select(_unnest(RENEW_COLUMNS)).cte("batch")
-    free = (
-        select(t.c.bot, t.c.update_id)
-        .join(batch, and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id))
-        .with_for_update(skip_locked=True, of=t)
-        .cte("free")
-    )
-    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    free = _free(t, batch)
+    exact = settles.batch_matches(t, batch)
     now = bindparam("now", type_=BigInteger)
     extended = case((t.c.due_at < batch.c.lease_until, batch.c.lease_until), else_=t.c.due_at)
     return (
@@ -175,7 +185,7 @@ def renewed_leases(t: Table) -> Update:
             tuple_(t.c.bot, t.c.update_id).in_(select(free.c.bot, free.c.update_id)),
         )
         .values(due_at=extended)
-        .returning(t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.due_at)
+        .returning(*leased(t))
     )
 
 

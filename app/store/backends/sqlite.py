@@ -22,7 +22,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     Row,
@@ -53,7 +53,7 @@ from app.store.backends.sqlite_statements import (
 from app.store.backends.sqlite_writer import Prepared, Result, Transaction, Writer
 from app.store.claims import statements as claims
 from app.store.history import ended_many
-from app.store.schema import deliveries_table_name
+from app.store.schema import beside_deliveries, deliveries_table_name
 from app.store.settles import statements as settles
 from app.store.types import ClaimIdentity, DeliveryRow, Ordering, RecordedRow, Settlement
 
@@ -75,10 +75,10 @@ class SqliteBackend(Backend):
         self._inserted: Prepared | None = None
         self._add_deliveries: Prepared | None = None
         self._claims = ClaimShapes(Prepared.of)
-        self._history: History | None = None
-        self._started: Prepared | None = None
+        self._started: dict[str, Prepared] = {}  # by history table
         self._settle: Prepared | None = None
         self._ended: Prepared | None = None
+        self._beside: tuple[Prepared, Prepared | None] | None = None  # `_settles_beside`
 
     def prepare(
         self, table: Table, channel: str, history: History | None, outbox: Table | None
@@ -91,10 +91,11 @@ class SqliteBackend(Backend):
         )
         self._claims = ClaimShapes(Prepared.of)
         self._history = history
-        self._started = None if history is None else Prepared.of(history_insert(history.attempts))
+        self._started = {}
         self._outbox = outbox
         fenced = "uncounted" in table.c  # the fenced methods' revision
         self._settle = Prepared.of(settle_many_owned(table)) if fenced else None
+        self._beside = None
         batch = _json_batch(settles.SETTLE_COLUMNS)
         self._ended = None if history is None else Prepared.of(ended_many(history.attempts, batch))
 
@@ -107,18 +108,26 @@ class SqliteBackend(Backend):
         await self._writer.close()
 
     def _record_claim(
-        self, transaction: Transaction, rows: Sequence[Any], now: int, durable: bool
+        self, transaction: Transaction, rows: Sequence[Any], now: int, durable: bool, table: Table
     ) -> None:
-        """In the claim's transaction: the attempts it started enter their history, and the
-        exhaustions it made (attempts spent) the outbox."""
-        if self._started is not None and self._history is not None:
-            started = history.start_rows(rows, now=now, worker=self._history.worker)
+        """In the claim's transaction (of `table`'s rows): the attempts it started enter their
+        history, and the exhaustions it made (attempts spent) the outbox."""
+        kept = self.history_of(table)
+        if kept is not None:
+            started = history.start_rows(rows, now=now, worker=kept.worker)
             if started:
-                transaction.execute_many(self._started, started)
+                transaction.execute_many(self._started_in(kept.attempts), started)
         if self._outbox is not None and durable:
             spent = outbox.spent_rows(rows, now=now)
             if spent:
                 transaction.execute(outbox.record(self._outbox, spent))
+
+    def _started_in(self, attempts: Table) -> Prepared:
+        """The insert of the attempts a claim started, into `attempts`, prepared once."""
+        prepared = self._started.get(attempts.name)
+        if prepared is None:
+            prepared = self._started[attempts.name] = Prepared.of(history_insert(attempts))
+        return prepared
 
     async def add_many(
         self,
@@ -172,6 +181,7 @@ class SqliteBackend(Backend):
         ordering: Ordering,
         bots: list[str] | None,
         durable_exhaustion: bool,
+        destination: str | None = None,
     ) -> Sequence[Any]:
         claim = self._claims.get(
             table,
@@ -179,11 +189,12 @@ class SqliteBackend(Backend):
             bots=bots,
             durable_exhaustion=durable_exhaustion,
             lateral=False,
+            destination=destination,
         )
 
         def work(transaction: Transaction) -> Sequence[Any]:
             rows = transaction.execute(claim, numbers)
-            self._record_claim(transaction, rows, numbers["now"], durable_exhaustion)
+            self._record_claim(transaction, rows, numbers["now"], durable_exhaustion, table)
             return rows
 
         return await self._write_whole(work)
@@ -191,7 +202,7 @@ class SqliteBackend(Backend):
     async def claim_recorded(self, statement: Update, now: int, *, durable: bool) -> Sequence[Any]:
         def work(transaction: Transaction) -> Sequence[Any]:
             rows = transaction.execute(statement)
-            self._record_claim(transaction, rows, now, durable)
+            self._record_claim(transaction, rows, now, durable, cast(Table, statement.table))
             return rows
 
         return await self._write_whole(work)
@@ -203,6 +214,8 @@ class SqliteBackend(Backend):
         # ever busy: this transaction holds the one write lock.
         settle, end = self._settle, self._ended
         assert settle is not None, "settle_many_owned needs the fenced revision"
+        if beside_deliveries(table):  # revision 0010: prepared once, at the first settle
+            settle, end = self._settles_beside(table)
         rows = settles.settle_rows(items)
 
         def work(transaction: Transaction) -> dict[tuple[str, int], bool | None]:
@@ -216,6 +229,15 @@ class SqliteBackend(Backend):
             return settled
 
         return await self._write_whole(work)
+
+    def _settles_beside(self, table: Table) -> tuple[Prepared, Prepared | None]:
+        """The batch settle of the deliveries table and the end of its attempts' history."""
+        if self._beside is None:
+            kept = self.history_of(table)
+            batch = _json_batch(settles.SETTLE_COLUMNS)
+            ended = None if kept is None else Prepared.of(ended_many(kept.attempts, batch))
+            self._beside = (Prepared.of(settle_many_owned(table)), ended)
+        return self._beside
 
     async def transition(
         self, connection: AsyncConnection, statement: Update, follow: Update | None

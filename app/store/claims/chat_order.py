@@ -32,8 +32,9 @@ has no LATERAL: its probes are scalar subqueries, and its one writer needs no lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, cast
 
 from sqlalchemy import (
     CTE,
@@ -58,7 +59,8 @@ from sqlalchemy import (
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from app.store.predicates import NON_TERMINAL, Number, in_state, unindexed
+from app.store.predicates import NON_TERMINAL, Number, for_destination, in_state, unindexed
+from app.store.schema_beside import beside_deliveries, updates_of
 
 # The due-order walk gives up after this many rows per row wanted (so half of them may be
 # held back by their chats and it still fills the batch): past it, reading the heads one
@@ -101,8 +103,12 @@ def _by_queue_index_sqlite(element: _ByQueueIndex, compiler: SQLCompiler, **kw: 
     rendered: str = compiler.visit_alias(element, **kw)  # type: ignore[no-untyped-call]
     if not kw.get("asfrom"):
         return rendered
-    # schema.make_metadata's name for the index; the table name is validated.
-    return f"{rendered} INDEXED BY ix_{element.element.name}_queue"  # type: ignore[attr-defined]
+    # schema.make_metadata's name for the index (add_destination_tables' on the deliveries
+    # table); the table name is validated.
+    table = cast(Table, element.element)
+    if beside_deliveries(table):
+        return f"{rendered} INDEXED BY ix_{updates_of(table).name}_dl_queue"
+    return f"{rendered} INDEXED BY ix_{table.name}_queue"
 
 
 def _by_queue_index(t: Table, name: str) -> Alias:
@@ -122,11 +128,13 @@ def due_for_claim(
 
 
 def first_of_its_chat(t: Table) -> ColumnElement[bool]:
-    """No older row of the same (bot, queue_key) is open: the rule itself, one probe of
-    ix_queue per row."""
+    """No older row of the same (bot, queue_key) is open (on the deliveries table, of the
+    same destination too): the rule itself, one probe of ix_queue per row."""
     older = t.alias("older")
+    same = [older.c.destination == t.c.destination] if beside_deliveries(t) else []
     return t.c.queue_key.is_(None) | ~exists().where(
         older.c.bot == t.c.bot,
+        *same,
         older.c.queue_key == t.c.queue_key,
         older.c.update_id < t.c.update_id,
         in_state(older.c.state, *NON_TERMINAL),
@@ -141,11 +149,14 @@ def chat_ordered(
     window: Number,
     bots: Sequence[str] | None,
     lateral: bool,
+    destination: str | None = None,
 ) -> tuple[Select[Any], ColumnElement[bool]]:
     """The keys (bot, update_id) the claim takes: up to `limit` eligible rows, oldest due
     first, and whether the head walk found them. With `lateral` (PostgreSQL) they are locked,
-    rows locked elsewhere skipped. `window` 0 goes straight to the head walk."""
-    open_rows = in_state(t.c.state, *NON_TERMINAL)
+    rows locked elsewhere skipped. `window` 0 goes straight to the head walk. On the
+    deliveries table (revision 0010) every walk keeps to `destination`'s rows."""
+    mine = partial(for_destination, destination=destination)
+    open_rows = in_state(t.c.state, *NON_TERMINAL) & mine(t)
     # The window: the `window * limit` rows due first (any bot's), one more to tell whether
     # rows lie past it, read from ix_due in its order; rows due at one instant come in the
     # index's own order, so that a backlog recorded at one instant (a group commit's rows
@@ -168,6 +179,7 @@ def chat_ordered(
             open_rows,
             t.c.due_at <= now,
             ~in_state(t.c.state, "processing") | (t.c.due_at < now),
+            mine(t),
             first_of_its_chat(t),
         )
     )
@@ -189,7 +201,8 @@ def chat_ordered(
         .prefix_with("MATERIALIZED")
     )
     walk = _heads_lateral if lateral else _heads_scalar
-    later = walk(t, now=now, limit=limit, bots=_bots(t, bots, fallback)).subquery("later")
+    bots_walked = _bots(t, bots, fallback, mine)
+    later = walk(t, now=now, limit=limit, bots=bots_walked, mine=mine).subquery("later")
     keys = union_all(
         select(early.c.bot, early.c.update_id).where(~select(fallback.c.short).scalar_subquery()),
         select(later.c.bot, later.c.update_id),
@@ -199,7 +212,10 @@ def chat_ordered(
     return select(keys.c.bot, keys.c.update_id), walked_heads
 
 
-def _bots(t: Table, bots: Sequence[str] | None, fallback: CTE) -> CTE:
+Mine = Callable[[Any], ColumnElement[bool]]  # the rows of the claim's destination
+
+
+def _bots(t: Table, bots: Sequence[str] | None, fallback: CTE, mine: Mine) -> CTE:
     """The bots to walk: the ones named, or else those with open rows (one probe each, and a
     NULL row last). None at all unless the due-order walk came up short, so that the head
     walk costs nothing when it is not used."""
@@ -214,7 +230,7 @@ def _bots(t: Table, bots: Sequence[str] | None, fallback: CTE) -> CTE:
 
     def first_after(previous: ColumnElement[str] | None) -> Any:
         rows = _by_queue_index(t, "bot_rows")
-        first = select(rows.c.bot).where(in_state(rows.c.state, *NON_TERMINAL))
+        first = select(rows.c.bot).where(in_state(rows.c.state, *NON_TERMINAL), mine(rows))
         if previous is not None:
             first = first.where(rows.c.bot > previous)
         # ix_queue's own order: the primary key, also led by bot, walks settled rows too.
@@ -231,7 +247,7 @@ def _bots(t: Table, bots: Sequence[str] | None, fallback: CTE) -> CTE:
     return found.union_all(select(first_after(previous.c.bot)).where(previous.c.bot.is_not(None)))
 
 
-def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select[Any]:
+def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE, mine: Mine) -> Select[Any]:
     """PostgreSQL: each head with one LATERAL probe of ix_queue (it yields the row itself),
     then the eligible rows locked one at a time in due order until `limit` are held."""
     columns = ("bot", "queue_key", "update_id", "state", "due_at")
@@ -241,7 +257,7 @@ def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select
         after = rows.c.queue_key.is_not(None) if queue_key is None else rows.c.queue_key > queue_key
         return (
             select(*(rows.c[name] for name in columns))
-            .where(in_state(rows.c.state, *NON_TERMINAL), rows.c.bot == bot, after)
+            .where(in_state(rows.c.state, *NON_TERMINAL), rows.c.bot == bot, mine(rows), after)
             .order_by(rows.c.queue_key, rows.c.update_id)
             .limit(ONE)
             .lateral("head")
@@ -271,6 +287,7 @@ def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select
         select(rows.c.bot, rows.c.update_id, rows.c.due_at)
         .where(
             rows.c.bot == unqueued_bot.c.bot,
+            mine(rows),
             rows.c.queue_key.is_(None),
             due_for_claim(rows.c.state, unqueued_due_at, now),
         )
@@ -300,6 +317,7 @@ def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select
         select(t.c.bot, t.c.update_id)
         .where(
             t.c.bot == eligible.c.bot,
+            mine(t),
             t.c.update_id == eligible.c.update_id,
             due_for_claim(t.c.state, t.c.due_at, now),
         )
@@ -314,7 +332,7 @@ def _heads_lateral(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select
     )
 
 
-def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select[Any]:
+def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE, mine: Mine) -> Select[Any]:
     """SQLite: the chats' keys by one scalar probe each, then each head's update_id and, if
     it is due, its due_at (a probe each); the oldest `limit`."""
 
@@ -323,7 +341,7 @@ def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select[
         after = rows.c.queue_key.is_not(None) if queue_key is None else rows.c.queue_key > queue_key
         return (
             select(rows.c.queue_key)
-            .where(in_state(rows.c.state, *NON_TERMINAL), rows.c.bot == bot, after)
+            .where(in_state(rows.c.state, *NON_TERMINAL), rows.c.bot == bot, mine(rows), after)
             .order_by(rows.c.queue_key, rows.c.update_id)
             .limit(ONE)
             .scalar_subquery()
@@ -347,6 +365,7 @@ def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select[
         .where(
             in_state(head_rows.c.state, *NON_TERMINAL),
             head_rows.c.bot == chats.c.bot,
+            mine(head_rows),
             head_rows.c.queue_key == chats.c.queue_key,
         )
         .order_by(head_rows.c.update_id)
@@ -358,6 +377,7 @@ def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select[
         select(chats.c.bot, head.label("update_id")).where(chats.c.queue_key.is_not(None)),
         select(unqueued.c.bot, unqueued.c.update_id).where(
             in_state(unqueued.c.state, *NON_TERMINAL),
+            mine(unqueued),
             unqueued.c.queue_key.is_(None),
             unqueued.c.bot.in_(select(bots.c.bot)),
         ),
@@ -367,6 +387,7 @@ def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE) -> Select[
         select(row.c.due_at)
         .where(
             row.c.bot == candidates.c.bot,
+            mine(row),
             row.c.update_id == candidates.c.update_id,
             due_for_claim(row.c.state, row.c.due_at, now),
         )

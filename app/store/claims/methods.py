@@ -10,9 +10,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.store import validate
 from app.store.claims import chat_order
 from app.store.claims import statements as claims
-from app.store.core import SqlCore, check_bots, check_identity, check_lease
+from app.store.core import SqlCore, by_destination, check_bots, check_identity, check_lease
 from app.store.errors import translated_errors
 from app.store.types import (
+    DEFAULT_DESTINATION,
     Claimed,
     ClaimIdentity,
     DueUpdate,
@@ -124,16 +125,18 @@ class ClaimMethods(SqlCore):
         ordering: Ordering = "chat",
         bots: Sequence[str] | None = None,
         durable_exhaustion: bool = False,
+        destination: str = DEFAULT_DESTINATION,
     ) -> list[Claimed]:
         durable = validate.flag("durable_exhaustion", durable_exhaustion)
         self.require("durable" if durable else "fenced", "claim_next_owned")
+        table = self._delivery_table(destination)
         now, lease_until = check_lease(now, lease_until)
         if ordering not in ("chat", "none"):
             raise ValueError(f"ordering {ordering!r} is not 'chat' or 'none'")
         names = check_bots(bots)
         if names == []:
             return []
-        shape = None if names is None else tuple(names)
+        shape = (destination, None if names is None else tuple(names))
         window, heads_first = self._chat_windows.get(shape, (chat_order.WINDOW, 0))
         numbers = {
             "now": now,
@@ -144,11 +147,12 @@ class ClaimMethods(SqlCore):
         }
         with translated_errors(self.table.name):
             rows = await self._backend.claim_next_owned(
-                self.table,
+                table,
                 numbers,
                 ordering=ordering,
                 bots=names,
                 durable_exhaustion=durable_exhaustion,
+                destination=None if table is self.table else destination,
             )
         if ordering == "chat" and rows:
             if len(self._chat_windows) >= 64:  # filters are few; callers listing new ones are not
@@ -157,7 +161,9 @@ class ClaimMethods(SqlCore):
             self._chat_windows[shape] = chat_order.next_window(window, walked_heads, heads_first)
         claimed = [
             Claimed(
-                identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
+                identity=ClaimIdentity(
+                    row.bot, row.update_id, row.attempts, row.claim_id, destination
+                ),
                 body=body,
                 update_type=row.update_type,
                 queue_key=row.queue_key,
@@ -184,9 +190,10 @@ class ClaimMethods(SqlCore):
         """`renew_owned`, answering with the lease's expiry after it (epoch ms; a renewal
         never shortens) instead of True."""
         self.require("fenced", "renew_owned")
+        identity = check_identity(identity)
         statement = claims.renew_owned(
-            self.table,
-            identity=check_identity(identity),
+            self._delivery_table(identity.destination),
+            identity=identity,
             lease_until=validate.millis("lease_until", lease_until),
             now=None if now is None else validate.millis("now", now),
         )
@@ -205,25 +212,27 @@ class ClaimMethods(SqlCore):
         """`owns`, answering with the lease's expiry (epoch ms) instead of True."""
         self.require("fenced", "owns")
         identity, at = check_identity(identity), validate.millis("at", at)
+        table = self._delivery_table(identity.destination)
         if connection is not None:
             # Inside the caller's transaction: hold the row until it commits.
-            statement = claims.owns(self.table, identity=identity, at=at, lock=True)
+            statement = claims.owns(table, identity=identity, at=at, lock=True)
             with translated_errors(self.table.name):
                 row = (await connection.execute(statement)).first()
         else:
             # A bare answer: locking would release at once, and only wait behind other holders.
             async with self._read() as own:
-                row = await self._backend.owns(own, self.table, identity, at)
+                row = await self._backend.owns(own, table, identity, at)
         return None if row is None else int(row.due_at)
 
     async def owned_leases(self, identities: Sequence[ClaimIdentity], at: int) -> list[int | None]:
         self.require("fenced", "owns")
         checked = [check_identity(identity) for identity in identities]
         at = validate.millis("at", at)
-        if not checked:
-            return []
-        async with self._read() as connection:
-            leases = await self._backend.owned_leases(connection, self.table, checked, at)
+        leases: dict[ClaimIdentity, int] = {}
+        for destination, group in by_destination(checked, lambda identity: identity).items():
+            table = self._delivery_table(destination)
+            async with self._read() as connection:
+                leases.update(await self._backend.owned_leases(connection, table, group, at))
         return [leases.get(identity) for identity in checked]
 
     async def renewed_leases(
@@ -236,12 +245,11 @@ class ClaimMethods(SqlCore):
             identity = check_identity(identity)
             lease_until = validate.millis("lease_until", lease_until)
             latest[identity] = max(lease_until, latest.get(identity, lease_until))
-        if not latest:
-            return []
-        async with self._write() as connection:
-            leases = await self._backend.renewed_leases(
-                connection, self.table, list(latest.items()), now
-            )
+        leases: dict[ClaimIdentity, int] = {}
+        for destination, group in by_destination(latest.items(), lambda item: item[0]).items():
+            table = self._delivery_table(destination)
+            async with self._write() as connection:
+                leases.update(await self._backend.renewed_leases(connection, table, group, now))
         for identity in latest.keys() - leases.keys():  # refused, or its row held: alone
             lease = await self.renewed_lease(identity, latest[identity], now)
             if lease is not None:

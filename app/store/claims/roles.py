@@ -9,6 +9,7 @@ from typing import Protocol
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store.types import (
+    DEFAULT_DESTINATION,
     Claimed,
     ClaimIdentity,
     DueUpdate,
@@ -83,13 +84,15 @@ class FencedClaims(Protocol):
         ordering: Ordering = "chat",
         bots: Sequence[str] | None = None,
         durable_exhaustion: bool = False,
+        destination: str = DEFAULT_DESTINATION,
     ) -> list[Claimed]:
-        """Claim up to `limit` due rows in one statement, oldest `due_at` first; concurrent
-        callers never take the same row. A pending row is due from its `received_at`. With
-        ordering "chat" only the oldest non-terminal row of each `(bot, queue_key)` is eligible.
-        The budget is `max_attempts` counted attempts (a hand-back counts none); each claimed
-        row's `counted` is its place in it. Spent rows met on the way are ended as `claim` ends
-        them and not returned."""
+        """Claim up to `limit` due deliveries of `destination` in one statement, oldest
+        `due_at` first; concurrent callers never take the same row. A pending row is due from
+        its `received_at`. With ordering "chat" only the oldest non-terminal delivery of each
+        `(bot, queue_key)` of the destination is eligible. The budget is `max_attempts`
+        counted attempts (a hand-back counts none); each claimed row's `counted` is its place
+        in it. Spent rows met on the way are ended as `claim` ends them and not returned.
+        Destinations other than `default` need revision 0010."""
         ...
 
     async def renew_owned(

@@ -33,23 +33,33 @@ from app.store.predicates import (
     claim_values,
     claimable,
     counted,
+    for_destination,
     identity_is,
     in_state,
     key_is,
     lease_column,
     live,
     matches,
-    traced,
+    of_update,
     transition_returning,
 )
-from app.store.schema import bots_table_name
+from app.store.schema import (
+    beside_deliveries,
+    bots_table_name,
+    destinations_table_name,
+    updates_of,
+)
 from app.store.types import ClaimIdentity, Ordering
 
 
 def unpaused(t: Table) -> ColumnElement[bool]:
     """No claim starts an attempt of a paused bot (revision 0004's `_bots`; below it no bot
-    is ever paused). Part of every claim's WHERE, so a pause binds every process the moment
+    is ever paused), nor of a paused destination on the deliveries table (revision 0010's
+    `_destinations`). Part of every claim's WHERE, so a pause binds every process the moment
     it commits."""
+    if beside_deliveries(t):
+        controls = t.metadata.tables[destinations_table_name(updates_of(t).name)]
+        return ~control.paused(t, controls)
     bots = t.metadata.tables.get(bots_table_name(t.name))
     return true() if bots is None else ~control.paused(t, bots)
 
@@ -163,8 +173,11 @@ def claim_next_owned(
     bots: Sequence[str] | None,
     durable_exhaustion: bool,
     lateral: bool,
+    destination: str | None = None,
 ) -> Update:
-    """Take up to `limit` due rows in one statement, oldest due first. The numbers may be
+    """Take up to `limit` due rows in one statement, oldest due first: on the deliveries
+    table (revision 0010) those of `destination`, each queue its (bot, destination,
+    queue_key). The numbers may be
     bound parameters, for a statement compiled once and run many times; `window` is the chat
     claim's (`app.store.claims.chat_order`). Each row returned says whether the chat claim's head
     walk found it (`walked_heads`).
@@ -175,16 +188,23 @@ def claim_next_owned(
     those rows, by LATERAL probes where the database has them (`lateral`: PostgreSQL).
     """
     walked_heads: ColumnElement[bool] = false()
+    mine = for_destination(t, destination)
     if ordering == "chat":
         candidates, walked_heads = chat_order.chat_ordered(
-            t, now=now, limit=limit, window=window, bots=bots, lateral=lateral
+            t,
+            now=now,
+            limit=limit,
+            window=window,
+            bots=bots,
+            lateral=lateral,
+            destination=destination,
         )
     else:
         # Walk non-terminal rows in due order (ix_due) and stop at the limit: the cost follows
         # the batch, not the backlog. Ties in due_at go by key, so that one table state gives
         # one claim (left to the index they go in physical order, which vacuum decides).
         walked = select(t.c.bot, t.c.update_id).where(
-            chat_order.due_for_claim(t.c.state, t.c.due_at, now)
+            chat_order.due_for_claim(t.c.state, t.c.due_at, now), mine
         )
         if bots is not None:
             walked = walked.where(t.c.bot.in_(list(bots)))
@@ -203,7 +223,7 @@ def claim_next_owned(
     )
     return (
         update(t)
-        .where(tuple_(t.c.bot, t.c.update_id).in_(candidates), unpaused(t))
+        .where(tuple_(t.c.bot, t.c.update_id).in_(candidates), mine, unpaused(t))
         .values(values)
         .returning(
             t.c.state,
@@ -211,11 +231,10 @@ def claim_next_owned(
             t.c.update_id,
             t.c.attempts,
             t.c.claim_id,
-            t.c.body,
-            t.c.update_type,
             t.c.queue_key,
             t.c.received_at,
-            *traced(t),
+            *of_update(t),
+            *([t.c.destination] if beside_deliveries(t) else []),
             counted(t).label("counted"),
             walked_heads.label("walked_heads"),  # last: a reader of raw rows finds it there
         )
@@ -229,8 +248,9 @@ def renew_owned(t: Table, *, identity: ClaimIdentity, lease_until: int, now: int
 
 def owns(t: Table, *, identity: ClaimIdentity | None, at: Number, lock: bool) -> Select[Any]:
     """The lease of the exact live claim; FOR UPDATE holds the row for the caller's transaction.
-    With `identity` None the statement takes it as parameters `bot`, `update_id`, `attempt`
-    and `claim_id`, to be compiled once (the callback API asks this on every update)."""
+    With `identity` None the statement takes it as parameters `bot`, `update_id`, `attempt`,
+    `claim_id` and `destination`, to be compiled once (the callback API asks this on every
+    update)."""
     exact = (
         matches(
             t,
@@ -238,6 +258,7 @@ def owns(t: Table, *, identity: ClaimIdentity | None, at: Number, lock: bool) ->
             bindparam("update_id", type_=BigInteger),
             bindparam("attempt", type_=Integer),
             bindparam("claim_id", type_=Text),
+            bindparam("destination", type_=Text),
         )
         if identity is None
         else identity_is(t, identity)

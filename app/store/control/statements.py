@@ -131,10 +131,14 @@ def breaker_event(
     return None
 
 
-def paused(t: Table, bots: Table) -> ColumnElement[bool]:
-    """The row's bot is paused: no claim may start an attempt for it."""
-    b = bots.c
-    return select(b.bot).where(b.bot == t.c.bot, b.paused_at.is_not(None)).exists()
+def paused(t: Table, controls: Table) -> ColumnElement[bool]:
+    """The row's bot (or on the deliveries table its destination, `controls` then being
+    `_destinations`) is paused: no claim may start an attempt for it."""
+    b = controls.c
+    same = [b.bot == t.c.bot]
+    if "destination" in b:
+        same.append(b.destination == t.c.destination)
+    return select(b.bot).where(*same, b.paused_at.is_not(None)).exists()
 
 
 def park(t: Table, *, identity: ClaimIdentity, at: int, reason: str) -> Update:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.store import history, validate
-from app.store.core import SqlCore, check_identity, check_settlement
+from app.store.core import SqlCore, by_destination, check_identity, check_settlement
 from app.store.errors import translated_errors
 from app.store.settles import statements as settles
 from app.store.types import (
@@ -29,7 +29,8 @@ class SettleMethods(SqlCore):
         self.require("fenced", "settle_owned")
         identity, settlement = check_identity(identity), check_settlement(settlement)
         settlement = self._sealed_settlement(settlement, identity.bot, identity.update_id)
-        statement = settles.settle_owned(self.table, identity=identity, settlement=settlement)
+        table = self._delivery_table(identity.destination)
+        statement = settles.settle_owned(table, identity=identity, settlement=settlement)
         return await self._ended(
             statement,
             identity,
@@ -48,9 +49,9 @@ class SettleMethods(SqlCore):
         """`settle_owned` for a batch, in one transaction (one statement on PostgreSQL); for
         each item, whether it took effect, or None when its row was locked by another
         transaction (PostgreSQL): skipped, not waited for, and still owned. A key may appear
-        once per batch. `waiting`, when given, receives the settled keys whose chat still has
-        a later update to deliver (on SQLite: every settled key, which costs no query and
-        misses none)."""
+        once per batch and destination. `waiting`, when given, receives the settled keys
+        (bot, update_id) whose chat still has a later update to deliver to the same
+        destination (on SQLite: every settled key, which costs no query and misses none)."""
         self.require("fenced", "settle_many_owned")
         checked = []
         for identity, settlement in items:
@@ -59,15 +60,17 @@ class SettleMethods(SqlCore):
             checked.append(
                 (identity, self._sealed_settlement(settlement, identity.bot, identity.update_id))
             )
-        keys = [(identity.bot, identity.update_id) for identity, _ in checked]
+        keys = [(i.bot, i.destination, i.update_id) for i, _ in checked]
         if len(set(keys)) != len(keys):
             raise ValueError(f"keys {sorted(k for k in keys if keys.count(k) > 1)} repeat")
-        if not checked:
-            return []
-        with translated_errors(self.table.name):
-            settled = await self._backend.settle_many_owned(self.table, checked)
-        if waiting is not None:
-            waiting.update(key for key, chat_waits in settled.items() if chat_waits)
+        settled: dict[tuple[str, str, int], bool | None] = {}
+        for destination, group in by_destination(checked, lambda item: item[0]).items():
+            table = self._delivery_table(destination)
+            with translated_errors(self.table.name):
+                found = await self._backend.settle_many_owned(table, group)
+            settled.update(((bot, destination, n), says) for (bot, n), says in found.items())
+            if waiting is not None:
+                waiting.update((bot, n) for (bot, n), chat_waits in found.items() if chat_waits)
         outcomes: list[bool | None] = []
         for key in keys:
             if key not in settled:

@@ -32,6 +32,7 @@ from app.store.predicates import (
     settle_values,
     settled_columns,
 )
+from app.store.schema_beside import beside_deliveries
 from app.store.types import ClaimIdentity, HandedBack, Settlement
 
 
@@ -61,6 +62,7 @@ SETTLE_COLUMNS = {
     "update_id": BigInteger,
     "attempt": Integer,
     "claim_id": Text,
+    "destination": Text,
     "at": BigInteger,
     "state": Text,
     "due_at": BigInteger,
@@ -80,6 +82,7 @@ def settle_rows(items: Sequence[tuple[ClaimIdentity, Settlement]]) -> list[dict[
             "update_id": identity.update_id,
             "attempt": identity.attempt,
             "claim_id": identity.claim_id,
+            "destination": identity.destination,
             "at": settlement.at,
             **settled_columns(settlement),
             "handed_back": isinstance(settlement, HandedBack),
@@ -96,13 +99,15 @@ def settle_many_owned(t: Table, batch: FromClause, *only: ColumnElement[bool]) -
     the keys that were settled and, as `waiting`, whether a later update of the same chat is
     still to deliver: a worker then looks for it at once, and otherwise need not look at all."""
     newer = t.alias("newer")
+    same = [newer.c.destination == t.c.destination] if beside_deliveries(t) else []
     waiting = exists().where(
         newer.c.bot == t.c.bot,
+        *same,
         newer.c.queue_key == t.c.queue_key,
         newer.c.update_id > t.c.update_id,
         in_state(newer.c.state, *NON_TERMINAL),
     )
-    exact = matches(t, batch.c.bot, batch.c.update_id, batch.c.attempt, batch.c.claim_id)
+    exact = batch_matches(t, batch)
     return (
         update(t)
         .where(exact, live(t, batch.c.at), *only)
@@ -116,3 +121,10 @@ def settle_many_owned(t: Table, batch: FromClause, *only: ColumnElement[bool]) -
         )
         .returning(t.c.bot, t.c.update_id, qualified(waiting).label("waiting"))
     )
+
+
+def batch_matches(t: Table, batch: FromClause) -> ColumnElement[bool]:
+    """A batch's rows (bot, update_id, attempt, claim_id, destination) matched on their
+    whole identity (`predicates.matches`)."""
+    c = batch.c
+    return matches(t, c.bot, c.update_id, c.attempt, c.claim_id, c.destination)
