@@ -27,7 +27,6 @@ from app.destinations.settings import (
     DestinationSettings,
     Mode,
     check_signing_secret,
-    refuse_undelivered,
     resolve,
 )
 from app.store import validate
@@ -129,7 +128,6 @@ class BotSettings(BotOptions):
         bot_id = int(prefix) if prefix.isdigit() else None
         options = self.delivery_options()
         self._targets = resolve(self.name, self.downstream_url, options, self.destinations, bot_id)
-        refuse_undelivered(self.name, self._targets)
         if self.allowed_updates is not None:
             problems = unreachable(self._targets, self.allowed_updates)
             if problems:

@@ -40,6 +40,7 @@ async def run_worker(settings: Settings) -> None:
     )
     metrics = Metrics.of(settings)
     try:
+        settings.check_schema(store)
         await store.check_key_ring(at=time.time_ns() // 1_000_000)
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -33,6 +33,7 @@ from pydantic.fields import FieldInfo
 
 from app.destinations.filters import FilterError, UpdateFilter
 from app.store import validate
+from app.store.errors import SchemaError
 from app.store.types import Capability
 from app.webhook_rules import check_secret_token
 from telegram_intake_kit.wire import DEFAULT_DESTINATION
@@ -216,6 +217,11 @@ def resolve(
             chosen = UpdateFilter(table.filter or (), table.except_, bot_id)
         except (ValidationError, FilterError) as error:
             raise ValueError(f"{where}: {error}") from None
+        if merged.mode == "plain" and table.name != DEFAULT:
+            raise ValueError(
+                f"{where}: mode plain is for a table below revision 0002, and a destination "
+                "beside default needs revision 0010: use fenced or durable"
+            )
         found.append(Destination(table.name, url, chosen, table.ordered, merged))
     return tuple(found)
 
@@ -234,16 +240,15 @@ def check_signing_secret(value: SecretStr | None) -> SecretStr | None:
 
 
 def refuse_undelivered(bot: str, targets: tuple[Destination, ...]) -> None:
-    """ValueError for a `[[bots.destinations]]` table, once it has been checked whole: this
-    release records and delivers for destination `default` alone, at the bot's
-    downstream_url with the bot's options. Deliveries per destination come with their
-    revision (docs/design.md decision 7); until then a table is refused rather than accepted
-    and its updates, or its options, silently not used."""
+    """SchemaError for a `[[bots.destinations]]` table, as the service starts: this release
+    records, claims and delivers per destination, but its operators' views and controls are
+    `default`'s alone (docs/destinations.md); until they land a table is refused rather than
+    accepted and its deliveries out of the operators' sight."""
     for target in targets:
         if target.configured:
-            raise ValueError(
-                f"bot {bot!r}, destination {target.name!r}: this release delivers every "
-                "update to the bot's downstream_url, destination `default`, and takes no "
-                "[[bots.destinations]] table yet (docs/destinations.md); remove the table, "
-                "or keep it for the release that delivers to it"
+            raise SchemaError(
+                f"bot {bot!r}, destination {target.name!r}: this release serves no "
+                "[[bots.destinations]] table yet, since its operators' views and controls "
+                "see destination `default` alone (docs/destinations.md); remove the table, "
+                "or keep it for the release that serves it"
             )

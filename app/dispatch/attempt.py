@@ -1,4 +1,5 @@
-"""The dispatcher's state: a lane per bot, and one record per attempt in flight."""
+"""The dispatcher's state: a lane per destination of each bot, and one record per attempt in
+flight."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from app.dispatch.forward import Downstream
 from app.metric_labels import AttemptOutcome
 from app.metrics import AttemptMeters
 from app.store import Claimed, ClaimIdentity
+from app.store.types import DEFAULT_DESTINATION, Ordering
 
 
 class Lane:
-    """One bot's share of a dispatcher: its settings, downstream, breaker, attempts in flight."""
+    """One destination of one bot in a dispatcher (docs/design.md decision 7): its delivery
+    options, downstream, breaker, claim order and attempts in flight. A bot with one
+    downstream has one lane, `default`'s."""
 
     def __init__(
         self,
@@ -26,27 +30,39 @@ class Lane:
         transport: httpx.AsyncBaseTransport,
         meters: AttemptMeters,
         *,
+        destination: str = DEFAULT_DESTINATION,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.bot = bot
         self.name = bot.name
-        self.plain = bot.mode == "plain"
-        self.durable = bot.mode == "durable"
-        self.lease_ms = int(bot.lease_seconds * 1000)
-        self.downstream = Downstream(bot, transport)
+        self.destination = destination
+        self.downstream = Downstream(bot, transport, destination)
+        self.options = options = self.downstream.options
+        # How logs and breakers name it: the bot, and beside `default` its destination.
+        self.label = bot.name if destination == DEFAULT_DESTINATION else f"{bot.name}/{destination}"
+        self.plain = options.mode == "plain"
+        self.durable = options.mode == "durable"
+        self.lease_ms = int(options.lease_seconds * 1000)
+        # `default` keeps the bot's ordering; another destination's deliveries carry no queue
+        # key when it is unordered, so its claims need not look for one.
+        (target,) = (t for t in bot.targets if t.name == destination)
+        self.ordering: Ordering = (
+            bot.ordering
+            if destination == DEFAULT_DESTINATION
+            else ("chat" if target.ordered else "none")
+        )
         self.breaker = Breaker(
-            bot.name,
-            failures=bot.breaker_failures,
-            cooldown=bot.breaker_cooldown_seconds,
+            self.label,
+            failures=options.breaker_failures,
+            cooldown=options.breaker_cooldown_seconds,
             monotonic_ns=monotonic_ns,
         )
         self.in_flight = 0
         self.meters = meters
-        meters.in_flight.set_function(lambda: self.in_flight)  # read when scraped
-        # The last claim took all it asked for, or the bot is at its limit: more may be due.
+        # The last claim took all it asked for, or the lane is at its limit: more may be due.
         self.saturated = False
-        # Operator control: the bot's rate limit as last read, and whether the last claim
-        # found its bucket short of what it wanted.
+        # Operator control: the rate limit as last read, and whether the last claim found its
+        # bucket short of what it wanted.
         self.rate_per_second: float | None = None
         self.throttled = False
 
@@ -86,7 +102,7 @@ class Attempt:
     @property
     def expires_at(self) -> int | None:
         """When delivering it can no longer help (its type's deadline from receipt), if ever."""
-        deadline = self.lane.bot.deadline_ms(self.claimed.update_type)
+        deadline = self.lane.options.deadline_ms(self.claimed.update_type)
         return None if deadline is None else self.claimed.received_at + deadline
 
     def renewal_due(self, now: int) -> bool:

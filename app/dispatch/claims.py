@@ -1,4 +1,5 @@
-"""The claim loop: claim due updates in batches per lane, start an attempt for each, sleep.
+"""The claim loop: claim due deliveries in batches per lane (a destination of a bot), start an
+attempt for each, sleep.
 
 One loop per process takes batches with `claim_next_owned` (per-chat ordering is the
 database's: only the oldest non-terminal row of a chat is eligible), within a limit per
@@ -37,6 +38,7 @@ from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.runner import AttemptRunner
 from app.logs import AttemptLog
 from app.store import Claimed, ClaimIdentity, OperatorStore, SchemaError, StoreError
+from app.store.types import DEFAULT_DESTINATION
 
 log = logging.getLogger(__name__)
 CONTROLS_SECONDS = 1.0  # how often the loop reads which bots have a rate limit
@@ -96,7 +98,8 @@ class ClaimLoop:
             return
         rates = {control.bot: control.rate_per_second for control in controls}
         for lane in self._lanes:
-            lane.rate_per_second = rates.get(lane.name)
+            if lane.destination == DEFAULT_DESTINATION:  # the bot's row holds default's rate
+                lane.rate_per_second = rates.get(lane.name)
 
     def stop(self) -> None:
         """Claim no more; `run` returns."""
@@ -121,7 +124,7 @@ class ClaimLoop:
             lanes = self._lanes[rotation:] + self._lanes[:rotation]
             rotation = (rotation + 1) % max(1, len(self._lanes))
             for lane in lanes:
-                free = min(self._free(), lane.bot.concurrency - lane.in_flight)
+                free = min(self._free(), lane.options.concurrency - lane.in_flight)
                 lane.saturated = free <= 0
                 wanted = lane.breaker.allowance(min(free, self._batch))
                 if wanted <= 0 or self._stopping:
@@ -129,11 +132,11 @@ class ClaimLoop:
                 try:
                     started = await self._claim(lane, wanted)
                 except StoreError as error:
-                    log.warning("claim for bot %r failed: %s", lane.name, error)
+                    log.warning("claim for %r failed: %s", lane.label, error)
                     failed = True
                     continue
                 except Exception:  # a bug must not end the claim loop of a process
-                    log.exception("claim for bot %r failed", lane.name)
+                    log.exception("claim for %r failed", lane.label)
                     failed = True
                     continue
                 lane.saturated = started == wanted
@@ -205,11 +208,12 @@ class ClaimLoop:
         claimed = await self._store.claim_next_owned(
             now=now,
             lease_until=lease_until,
-            max_attempts=lane.bot.max_attempts,
+            max_attempts=lane.options.max_attempts,
             limit=wanted,
-            ordering=lane.bot.ordering,
+            ordering=lane.ordering,
             bots=[lane.name],
             durable_exhaustion=lane.durable,
+            destination=lane.destination,
         )
         claim = ClaimSpan(started_ns, time.time_ns(), len(claimed)) if self._timed else None
         probe = lane.breaker.started(len(claimed))
@@ -230,7 +234,7 @@ class ClaimLoop:
                 row.update_id,
                 now=now,
                 lease_until=lease_until,
-                max_attempts=lane.bot.max_attempts,
+                max_attempts=lane.options.max_attempts,
             )
             if attempt is not None:
                 identity = ClaimIdentity(row.bot, row.update_id, attempt, PLAIN_CLAIM)

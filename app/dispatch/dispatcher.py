@@ -1,6 +1,7 @@
 """The dispatcher: the workers of one process, wired together, started and stopped.
 
-`Dispatcher` makes a lane per bot (its downstream, breaker and limit) and the parts that
+`Dispatcher` makes a lane per destination of each bot (its downstream, breaker and limit,
+docs/design.md decision 7) and the parts that
 serve them: the claim loop (`app.dispatch.claims`), which starts each attempt with the
 attempt runner (`app.dispatch.runner`), and the jobs beside it: the lease keeper
 (`app.dispatch.leases`), the resync of the database's clock (`DatabaseClock`, which every
@@ -43,6 +44,7 @@ from app.dispatch.settler import Settler
 from app.intake.polling import Poller
 from app.metrics import Metrics
 from app.store import OperatorStore, StoreError
+from app.store.types import DEFAULT_DESTINATION
 
 log = logging.getLogger(__name__)
 # After the grace period, how long a stop waits at most for hand-backs and the last settles.
@@ -69,17 +71,25 @@ class Dispatcher:
         self._store = store
         self._settings = settings
         chosen = settings.bots if bots is None else bots
+        self._bots = list(chosen)
         metrics = metrics or Metrics.of(settings)
         self._metrics = metrics
         self._transport = transport
-        self._lanes = [
-            Lane(bot, transport, metrics.dispatch(bot.name), monotonic_ns=monotonic_ns)
-            for bot in chosen
-        ]
+        self._lanes = []
+        for bot in chosen:
+            meters = metrics.dispatch(bot.name)
+            lanes = [
+                Lane(bot, transport, meters, destination=target.name, monotonic_ns=monotonic_ns)
+                for target in bot.targets
+            ]
+            # Read when scraped: the bot's requests in flight, whichever destination.
+            meters.in_flight.set_function(functools.partial(_in_flight, lanes))
+            self._lanes += lanes
         self._clock = DatabaseClock(store, monotonic_ns=monotonic_ns)
         self._reports: set[asyncio.Task[None]] = set()
         for lane in self._lanes:
-            lane.breaker.on_change = functools.partial(self._report_breaker, lane.name)
+            if lane.destination == DEFAULT_DESTINATION:  # the bot's row holds default's
+                lane.breaker.on_change = functools.partial(self._report_breaker, lane.name)
         self._settler = Settler(store)
         self._tick = min(1.0, min((lane.lease_ms for lane in self._lanes), default=6000) / 6000)
         self._wake = asyncio.Event()
@@ -94,9 +104,9 @@ class Dispatcher:
         self._stopping = False
         self._pollers: list[Poller] = []
         exhaustion_targets = {
-            lane.name: lane.downstream
+            (lane.name, lane.destination): lane.downstream
             for lane in self._lanes
-            if lane.durable and lane.bot.exhaustion_url is not None
+            if lane.durable and lane.options.exhaustion_url is not None
         }
         self._exhaustions = (
             ExhaustionDelivery(
@@ -157,9 +167,11 @@ class Dispatcher:
 
     async def start(self) -> None:
         for lane in self._lanes:
-            self._store.require(lane.bot.capability, lane.bot.needs)
-            if lane.bot.source == "polling":  # its lease and offset are revision 0004's
-                self._store.require("durable", f"bot {lane.name!r} polling getUpdates")
+            needs = f"{lane.bot.needs}, destination {lane.destination!r}"
+            self._store.require(lane.options.capability, needs)
+        for bot in self._bots:
+            if bot.source == "polling":  # its lease and offset are revision 0004's
+                self._store.require("durable", f"bot {bot.name!r} polling getUpdates")
         await self._clock.sync()
         await self._settler.start()
         settings = self._settings
@@ -183,9 +195,7 @@ class Dispatcher:
             ),
             "upkeep": keep_table_forever(self._store),
             "erasures": erasures_forever(self._store, self._clock),
-            "retention": retention_forever(
-                self._store, self._clock, [lane.bot for lane in self._lanes]
-            ),
+            "retention": retention_forever(self._store, self._clock, self._bots),
             "re-encryption": reencryption_forever(
                 self._store, interval=settings.prune_interval_seconds
             ),
@@ -209,12 +219,12 @@ class Dispatcher:
                 self._store,
                 self._clock.now,
                 self._settings,
-                lane.bot,
+                bot,
                 self._metrics,
                 on_added=self.wake,
             )
-            for lane in self._lanes
-            if lane.bot.source == "polling"
+            for bot in self._bots
+            if bot.source == "polling"
         ]
         return {f"poller {poller.bot.name}": poller.run() for poller in self._pollers}
 
@@ -233,12 +243,10 @@ class Dispatcher:
             loops["backlog watch"] = watch_backlog_forever(
                 self._store,
                 self._clock,
-                [lane.name for lane in self._lanes],
+                [bot.name for bot in self._bots],
                 stale_after_seconds=settings.stale_after_seconds,
             )
-        watch = WebhookWatch(
-            self._store, self._clock, settings, [lane.bot for lane in self._lanes], self._metrics
-        )
+        watch = WebhookWatch(self._store, self._clock, settings, self._bots, self._metrics)
         if settings.webhook_check_seconds > 0 and watch.bots:
             loops["webhook watch"] = watch.run()
         return loops
@@ -313,6 +321,10 @@ class Dispatcher:
         for job in self._background.values():
             job.cancel()
         await asyncio.gather(*self._background.values(), return_exceptions=True)
+
+
+def _in_flight(lanes: Sequence[Lane]) -> int:
+    return sum(lane.in_flight for lane in lanes)
 
 
 def _report_exit(task: asyncio.Task[None]) -> None:

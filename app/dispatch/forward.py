@@ -42,16 +42,26 @@ if TYPE_CHECKING:
 
 
 class Downstream:
-    """Where one bot's attempts go, and how they are addressed and signed."""
+    """Where one destination of a bot gets its attempts (`default`: the bot's downstream_url),
+    and how they are addressed and signed."""
 
-    def __init__(self, bot: BotSettings, transport: httpx.AsyncBaseTransport) -> None:
-        if bot.downstream_url is None:
-            raise ValueError(f"bot {bot.name!r} has no downstream_url")
-        self.bot = bot
+    def __init__(
+        self,
+        bot: BotSettings,
+        transport: httpx.AsyncBaseTransport,
+        destination: str = DEFAULT_DESTINATION,
+    ) -> None:
+        found = [target for target in bot.targets if target.name == destination]
+        if not found:
+            raise ValueError(f"bot {bot.name!r} has no destination {destination!r}")
+        target = found[0]
+        self.name = bot.name
+        self.destination = destination
+        self.options = options = target.options
         self._transport = transport
-        self._url = httpx.URL(str(bot.downstream_url))
+        self._url = httpx.URL(str(target.url))
         self.traced_address = traced_address(self._url)
-        exhaustion_url = bot.exhaustion_url
+        exhaustion_url = options.exhaustion_url
         self._exhaustion_url = None if exhaustion_url is None else httpx.URL(str(exhaustion_url))
         self.exhaustion_address = (
             None if self._exhaustion_url is None else traced_address(self._exhaustion_url)
@@ -59,14 +69,15 @@ class Downstream:
         # identity: httpx would inflate a compressed answer past the transport's size bound.
         self._plain_headers = {"content-type": "application/json", "accept-encoding": "identity"}
         self._headers = dict(self._plain_headers)
-        if bot.downstream_secret_token is not None:
-            secret = bot.downstream_secret_token.get_secret_value()
+        if options.downstream_secret_token is not None:
+            secret = options.downstream_secret_token.get_secret_value()
             self._headers["x-telegram-bot-api-secret-token"] = secret
-        self._signer = (
-            None if bot.signing_secret is None else Webhook(bot.signing_secret.get_secret_value())
-        )
-        self._timeout = httpx.Timeout(bot.forward_timeout_seconds).as_dict()
-        self._deadline = bot.forward_timeout_seconds
+        signing = options.signing_secret
+        self._signer = None if signing is None else Webhook(signing.get_secret_value())
+        self._timeout = httpx.Timeout(options.forward_timeout_seconds).as_dict()
+        self._deadline = options.forward_timeout_seconds
+        # The Standard Webhooks message id: the delivery's key (`default`'s is the update's).
+        self._scope = "" if destination == DEFAULT_DESTINATION else f"{destination}:"
 
     async def forward(
         self,
@@ -84,17 +95,18 @@ class Downstream:
         headers = dict(self._headers)
         if traceparent is not None:
             headers["traceparent"] = traceparent
-        fenced = self.bot.mode != "plain"
+        fenced = self.options.mode != "plain"
         if fenced:
             headers["x-intake-bot"] = identity.bot
             headers["x-intake-update-id"] = str(identity.update_id)
             headers["x-intake-attempt"] = str(identity.attempt)
             headers["x-intake-claim-id"] = identity.claim_id
-            headers[DESTINATION_HEADER] = DEFAULT_DESTINATION  # its row's delivery
+            headers[DESTINATION_HEADER] = identity.destination
             headers["x-intake-lease-expires-at"] = str(lease_until)
             if received_at is not None:
                 headers[RECEIVED_AT_HEADER] = str(received_at)
-        timestamp = self._sign(headers, f"{identity.bot}:{identity.update_id}", body)
+        message_id = f"{identity.bot}:{self._scope}{identity.update_id}"
+        timestamp = self._sign(headers, message_id, body)
         if fenced and received_at is not None and self._signer is not None:
             signed = identity_message(identity, received_at)
             headers[IDENTITY_SIGNATURE_HEADER] = self._signer.sign(signed, timestamp, "")
@@ -106,8 +118,11 @@ class Downstream:
         """POST an exhaustion record to `exhaustion_url`, keyed for idempotency by the
         identity of the attempt that ended the update (`traceparent`: as `forward`'s)."""
         if self._exhaustion_url is None:
-            raise ValueError(f"bot {self.bot.name!r} has no exhaustion_url")
-        key = f"{identity.bot}:{identity.update_id}:{identity.attempt}:{identity.claim_id}"
+            raise ValueError(f"bot {self.name!r}, {self.destination!r}: no exhaustion_url")
+        key = (
+            f"{identity.bot}:{self._scope}{identity.update_id}:{identity.attempt}:"
+            f"{identity.claim_id}"
+        )
         headers = {**self._plain_headers, "idempotency-key": key}
         if traceparent is not None:
             headers["traceparent"] = traceparent

@@ -27,6 +27,7 @@ from app.logs import AttemptLog
 from app.metrics import AttemptMeters
 from app.policy import Outcome
 from app.store import Exhaustion, OperatorStore, StoreError, UpdateStore
+from app.store.types import DEFAULT_DESTINATION
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -45,6 +46,12 @@ def exhaustion_payload(exhaustion: Exhaustion) -> str:
     identity = exhaustion.identity
     fields = {
         "bot": identity.bot,
+        # Beside `default` (docs/destinations.md): which delivery this is.
+        **(
+            {}
+            if identity.destination == DEFAULT_DESTINATION
+            else {"destination": identity.destination}
+        ),
         "update_id": identity.update_id,
         "attempt": identity.attempt,
         "claim_id": identity.claim_id,
@@ -57,13 +64,14 @@ def exhaustion_payload(exhaustion: Exhaustion) -> str:
 
 
 class ExhaustionDelivery:
-    """Delivers the open exhaustions of the bots that have an `exhaustion_url`."""
+    """Delivers the open exhaustions of the destinations (of bots) that have an
+    `exhaustion_url`: `downstreams` by (bot, destination)."""
 
     def __init__(
         self,
         store: OperatorStore,
         clock: DatabaseClock,
-        downstreams: dict[str, Downstream],
+        downstreams: dict[tuple[str, str], Downstream],
         *,
         retry_seconds: float,
         meters: dict[str, AttemptMeters],
@@ -71,11 +79,13 @@ class ExhaustionDelivery:
         self._store = store
         self._clock = clock
         self._downstreams = downstreams
-        self._bots = sorted(downstreams)
-        self._deliveries = {bot: meters[bot].exhaustion_deliveries for bot in downstreams}
+        self._bots: dict[str, list[str]] = {}  # by destination
+        for bot, destination in sorted(downstreams):
+            self._bots.setdefault(destination, []).append(bot)
+        self._deliveries = {bot: meters[bot].exhaustion_deliveries for bot, _ in downstreams}
         self._retry = retry_seconds
         # A delivery holds its exhaustion for the longest request it may make, and a margin.
-        longest = max(d.bot.forward_timeout_seconds for d in downstreams.values())
+        longest = max(d.options.forward_timeout_seconds for d in downstreams.values())
         self._lease_ms = int((longest + LEASE_MARGIN_SECONDS) * 1000)
         self._wake = asyncio.Event()
         self._tracer = tracing.tracer()
@@ -96,10 +106,20 @@ class ExhaustionDelivery:
         """Deliver every open exhaustion due now, CONCURRENCY at a time, each taken under its
         delivery lease; how many were delivered and acknowledged."""
         delivered = 0
+        for destination, bots in self._bots.items():
+            delivered += await self._sweep(destination, bots)
+        return delivered
+
+    async def _sweep(self, destination: str, bots: list[str]) -> int:
+        delivered = 0
         while True:
             now = self._clock.now()
             taken = await self._store.take_exhaustions(
-                now=now, lease_until=now + self._lease_ms, limit=CONCURRENCY, bots=self._bots
+                now=now,
+                lease_until=now + self._lease_ms,
+                limit=CONCURRENCY,
+                bots=bots,
+                destination=destination,
             )
             results = await asyncio.gather(
                 *(self._deliver(e) for e in taken), return_exceptions=True
@@ -126,7 +146,7 @@ class ExhaustionDelivery:
         }
         name, parent = "deliver exhaustion", exhaustion.trace_context
         with tracing.span_of(self._tracer, name, parent, attributes) as span:
-            downstream = self._downstreams[identity.bot]
+            downstream = self._downstreams[identity.bot, identity.destination]
             payload = exhaustion_payload(exhaustion)
             outcome = await in_client_span(
                 self._tracer,

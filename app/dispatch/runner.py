@@ -233,7 +233,7 @@ class AttemptRunner:
 
     async def _conclude(self, attempt: Attempt, outcome: Outcome) -> None:
         now = self._clock.now()
-        bot = attempt.lane.bot
+        bot = attempt.lane.options
         if outcome.kind == "completed":
             attempt.outcome = "completed"
             await self._settle(attempt, Completed(now, outcome.status))

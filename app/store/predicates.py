@@ -15,6 +15,7 @@ from sqlalchemy import (
     Text,
     and_,
     case,
+    exists,
     false,
     func,
     literal,
@@ -272,6 +273,23 @@ def settle_values(t: Table, settlement: Settlement) -> dict[str, Any]:
         if "uncounted" in t.c:
             values["uncounted"] = t.c.uncounted + 1
     return values
+
+
+def delivering(t: Table, d: Table, before: Number) -> ColumnElement[bool]:
+    """The update of `t`'s row has a delivery beside it (`d`, revision 0010) not done before
+    `before`: open, an exhaustion not yet acknowledged, or settled since (one probe of
+    ix_{t}_dl_update). Prune and retention wait for every delivery of an update."""
+    return exists(
+        select(d.c.update_id).where(
+            d.c.bot == t.c.bot,
+            d.c.update_id == t.c.update_id,
+            or_(
+                ~in_state(d.c.state, "completed", "abandoned"),
+                d.c.settled_at.is_(None),
+                d.c.settled_at >= before,
+            ),
+        )
+    )
 
 
 def unacknowledged(t: Table) -> ColumnElement[bool]:

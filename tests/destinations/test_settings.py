@@ -6,7 +6,6 @@ every table refused after its check rather than accepted and not delivered."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -146,9 +145,11 @@ def test_allowed_updates_are_what_the_filters_need() -> None:
     assert unreachable(targets, narrow) == []
 
 
-def test_this_release_refuses_a_destinations_table_after_checking_it(
+def test_a_destinations_table_is_checked_whole_as_the_settings_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The settings take the table (the service refuses it as it starts, in this release:
+    tests/cli/test_service.py); a query not in the vocabulary is refused here."""
     for name in [n for n in os.environ if n.startswith("INTAKE_")]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
@@ -158,10 +159,9 @@ def test_this_release_refuses_a_destinations_table_after_checking_it(
         '[[bots.destinations]]\nname = "payments"\nurl = "http://payments/"\n'
         'filter = ["pre_checkout_query"]\n'
     )
-    with pytest.raises(
-        ValidationError, match=re.escape("takes no [[bots.destinations]] table yet")
-    ):
-        Settings()
+    loaded = Settings().bot("shop")
+    assert loaded is not None
+    assert [t.name for t in loaded.targets] == [DEFAULT, "payments"]
     (tmp_path / "intake.toml").write_text(
         (tmp_path / "intake.toml").read_text().replace("pre_checkout_query", "pre_checkout")
     )

@@ -158,16 +158,27 @@ class ErasureMethods(SqlCore):
         if not keys:
             return {"updates": 0, "attempts": 0, "events": 0}
         counts = {"updates": len(keys), "attempts": 0, "events": 0}
+        # The deliveries beside the rows (revision 0010) go with them: an attempt that holds
+        # one loses it as `erase_updates` says; their history counts with the attempts.
         for name, table, count, erase in (
             ("attempts", self.attempts_table, erasures.count_attempts, erasures.erase_attempts),
+            (
+                "attempts",
+                self.delivery_attempts_table,
+                erasures.count_attempts,
+                erasures.erase_attempts,
+            ),
             ("events", self.events_table, erasures.count_events, erasures.erase_events),
+            ("deliveries", self.deliveries_table, erasures.count_attempts, erasures.erase_attempts),
         ):
             if table is None:
                 continue
             if dry_run:
-                counts[name] = int((await connection.execute(count(table, keys))).scalar_one())
+                found = int((await connection.execute(count(table, keys))).scalar_one())
             else:
-                counts[name] = (await connection.execute(erase(table, keys))).rowcount
+                found = (await connection.execute(erase(table, keys))).rowcount
+            if name in counts:
+                counts[name] += found
         if not dry_run:
             counts["updates"] = (
                 await connection.execute(erasures.erase_updates(self.table, keys))
@@ -209,7 +220,9 @@ class ErasureMethods(SqlCore):
     ) -> int:
         """Retention (a bot's `body_retention`): erase, a bounded batch per transaction, the
         bodies of `bot`'s delivered updates settled at or before `settled_before`, with their
-        attempts' errors and their delivered events' data; the rows stay. The count erased."""
+        attempts' errors and their delivered events' data; the rows stay. An update is
+        delivered once its row and every delivery beside it (revision 0010) are. The count
+        erased."""
         self._erasures("erase_delivered_bodies")  # revision 0009's erased_at, or SchemaError
         bot, at = validate.bot_name(bot), validate.millis("at", at)
         before = validate.millis("settled_before", settled_before)
@@ -217,12 +230,22 @@ class ErasureMethods(SqlCore):
         erased = 0
         while True:
             statement = erasures.erase_bodies(
-                self.table, bot=bot, settled_before=before, at=at, limit=limit
+                self.table,
+                self.deliveries_table,
+                bot=bot,
+                settled_before=before,
+                at=at,
+                limit=limit,
             )
             async with self.transaction() as connection:
                 keys = [(row.bot, row.update_id) for row in await connection.execute(statement)]
-                if keys and self.attempts_table is not None:
-                    await connection.execute(erasures.erase_errors(self.attempts_table, keys))
+                for errors in (
+                    self.attempts_table,
+                    self.deliveries_table,
+                    self.delivery_attempts_table,
+                ):
+                    if keys and errors is not None:
+                        await connection.execute(erasures.erase_errors(errors, keys))
                 if keys and self.events_table is not None:
                     await connection.execute(erasures.forget_event_data(self.events_table, keys))
             erased += len(keys)

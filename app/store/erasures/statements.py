@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.dml import ReturningUpdate
 
+from app.store.predicates import delivering
+
 Key = tuple[str, int]
 
 
@@ -164,21 +166,25 @@ def finish(erasures: Table, *, erasure_id: int, held: int, at: int) -> Returning
 
 
 def erase_bodies(
-    t: Table, *, bot: str, settled_before: int, at: int, limit: int
+    t: Table, d: Table | None, *, bot: str, settled_before: int, at: int, limit: int
 ) -> ReturningUpdate[Any]:
     """Erase the bodies (and errors) of up to `limit` delivered updates of `bot` settled at or
     before `settled_before`: completed, abandoned, or exhaustions once acknowledged (an open
-    exhaustion keeps its body). The row stays, with its identity, type, times and state: a
-    re-post of its update_id is still a duplicate. RETURNING the keys, for their history."""
+    exhaustion keeps its body), and with `d` (revision 0010) unrouted, each with every
+    delivery beside it done by then too. The row stays, with its identity, type, times and
+    state: a re-post of its update_id is still a duplicate. RETURNING the keys, for their
+    history."""
     # Terminal rows keep due_at == settled_at: the (state, due_at) index bounds the walk.
+    done = ("completed", "abandoned", "unrouted") if d is not None else ("completed", "abandoned")
     chosen = (
         select(t.c.bot, t.c.update_id)
         .where(
             t.c.bot == bot,
-            t.c.state.in_(("completed", "abandoned")),
+            t.c.state.in_(done),
             t.c.due_at <= settled_before,
             t.c.settled_at <= settled_before,
             t.c.erased_at.is_(None),
+            *([] if d is None else [~delivering(t, d, settled_before + 1)]),
         )
         .limit(limit)
     )

@@ -21,7 +21,7 @@ from app.store.core import (
 )
 from app.store.exhaustions import statements as exhaustions
 from app.store.operator_types import BulkOutcome, ExhaustionFilter
-from app.store.types import ClaimIdentity, Exhaustion
+from app.store.types import DEFAULT_DESTINATION, ClaimIdentity, Exhaustion, identity_of
 
 BULK_BATCH = 1_000  # rows per transaction of a bulk action
 
@@ -49,7 +49,8 @@ class ExhaustionMethods(SqlCore):
         identity, at = check_identity(identity), validate.millis("at", at)
         error, status = validate.text("error", error), validate.status("status", status)
         stored = self._sealed_error(identity.bot, identity.update_id, error)
-        statement = exhaustions.exhaust(self.table, identity=identity, at=at, error=stored)
+        table = self._delivery_table(identity.destination)
+        statement = exhaustions.exhaust(table, identity=identity, at=at, error=stored)
 
         def created(row: Row[Any]) -> outbox.Made:
             return outbox.exhaustion(row, error=error, at=at, reason="failed", status_code=status)
@@ -87,19 +88,27 @@ class ExhaustionMethods(SqlCore):
         return [self._exhaustion(row) for row in rows]
 
     async def take_exhaustions(
-        self, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
+        self,
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        bots: Sequence[str],
+        destination: str = DEFAULT_DESTINATION,
     ) -> list[Exhaustion]:
         self.require("durable", "take_exhaustions")
         now, lease_until = check_lease(now, lease_until)
+        table = self._delivery_table(destination)
         names = check_bots(bots)
         if not names:
             return []
         statement = exhaustions.take_exhaustions(
-            self.table,
+            table,
             now=now,
             lease_until=lease_until,
             limit=validate.positive("limit", limit),
             bots=names,
+            destination=None if table is self.table else destination,
         )
         async with self._write() as connection:
             rows = (await connection.execute(statement)).all()
@@ -112,9 +121,10 @@ class ExhaustionMethods(SqlCore):
         self.require("durable", "delivery_failed")
         if not isinstance(exhaustion, Exhaustion):
             raise ValueError(f"exhaustion {exhaustion!r} is not an Exhaustion")
+        identity = check_identity(exhaustion.identity)
         statement = exhaustions.delivery_failed(
-            self.table,
-            identity=check_identity(exhaustion.identity),
+            self._delivery_table(identity.destination),
+            identity=identity,
             retry_at=validate.millis("retry_at", retry_at),
             deliveries=validate.count("deliveries", exhaustion.deliveries),
         )
@@ -122,15 +132,18 @@ class ExhaustionMethods(SqlCore):
 
     async def acknowledge_exhaustion(self, identity: ClaimIdentity, at: int) -> bool:
         self.require("durable", "acknowledge_exhaustion")
+        identity = check_identity(identity)
         statement = exhaustions.acknowledge_exhaustion(
-            self.table, identity=check_identity(identity), at=validate.millis("at", at)
+            self._delivery_table(identity.destination),
+            identity=identity,
+            at=validate.millis("at", at),
         )
         return await self._changed(statement)
 
     def _exhaustion(self, row: Any) -> Exhaustion:
         body, unreadable = self._body_or_why(row)
         return Exhaustion(
-            identity=ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id),
+            identity=identity_of(row),
             body=body,
             error=self._error(row),
             exhausted_at=row.exhausted_at,

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from app.store.operator_types import BulkOutcome, ExhaustionFilter
-from app.store.types import ClaimIdentity, Exhaustion
+from app.store.types import DEFAULT_DESTINATION, ClaimIdentity, Exhaustion
 
 
 class Exhaustions(Protocol):
@@ -30,12 +30,19 @@ class Exhaustions(Protocol):
         ...
 
     async def take_exhaustions(
-        self, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
+        self,
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        bots: Sequence[str],
+        destination: str = DEFAULT_DESTINATION,
     ) -> list[Exhaustion]:
-        """Lease up to `limit` open exhaustions of these bots whose delivery is due (a new
-        exhaustion is due at once; a failed delivery at its retry time; a lease lapses after
-        `lease_until`), in key order; their delivery is not due again before `lease_until`,
-        so concurrent callers never take the same one. Rows not due are not read."""
+        """Lease up to `limit` open exhaustions of these bots' deliveries to `destination`
+        whose delivery is due (a new exhaustion is due at once; a failed delivery at its retry
+        time; a lease lapses after `lease_until`), in key order; their delivery is not due
+        again before `lease_until`, so concurrent callers never take the same one. Rows not
+        due are not read."""
         ...
 
     async def delivery_failed(self, exhaustion: Exhaustion, retry_at: int) -> bool:

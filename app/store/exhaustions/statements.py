@@ -26,9 +26,10 @@ from sqlalchemy import (
 
 from app.store.operator_types import ExhaustionFilter
 from app.store.predicates import (
+    for_destination,
     identity_is,
+    of_update,
     owned_by,
-    traced,
     transition_returning,
     unacknowledged,
 )
@@ -53,21 +54,29 @@ def exhaust(t: Table, *, identity: ClaimIdentity, at: int, error: str) -> Update
 
 
 def take_exhaustions(
-    t: Table, *, now: int, lease_until: int, limit: int, bots: Sequence[str]
+    t: Table,
+    *,
+    now: int,
+    lease_until: int,
+    limit: int,
+    bots: Sequence[str],
+    destination: str | None = None,
 ) -> Update:
     """Lease up to `limit` open exhaustions due for delivery (oldest due first) until
     `lease_until`: no other process takes them meanwhile (SKIP LOCKED on PostgreSQL; SQLite
-    serialises writers). Only these rows' bodies are read."""
+    serialises writers). Only these rows' bodies are read. On the deliveries table
+    (revision 0010), `destination`'s."""
+    mine = for_destination(t, destination)
     due = (
         select(t.c.bot, t.c.update_id)
-        .where(unacknowledged(t), t.c.delivery_due_at <= now, t.c.bot.in_(list(bots)))
+        .where(unacknowledged(t), t.c.delivery_due_at <= now, t.c.bot.in_(list(bots)), mine)
         .order_by(t.c.delivery_due_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
     return (
         update(t)
-        .where(tuple_(t.c.bot, t.c.update_id).in_(due), unacknowledged(t))
+        .where(tuple_(t.c.bot, t.c.update_id).in_(due), mine, unacknowledged(t))
         .values(delivery_due_at=lease_until)
         .returning(*_exhaustion_columns(t))
     )
@@ -86,16 +95,21 @@ def delivery_failed(t: Table, *, identity: ClaimIdentity, retry_at: int, deliver
 
 
 def _exhaustion_columns(t: Table) -> tuple[ColumnElement[Any], ...]:
+    """An exhaustion as read: its identity (with its destination on the deliveries table),
+    the update's body and trace, its error, time and failed deliveries so far."""
+    body, _, *trace = of_update(t)
+    beside = [t.c.destination] if "destination" in t.c else []
     return (
         t.c.bot,
         t.c.update_id,
         t.c.attempts,
         t.c.claim_id,
-        t.c.body,
+        *beside,
+        body,
         t.c.error,
         t.c.exhausted_at,
         t.c.deliveries,
-        *traced(t),
+        *trace,
     )
 
 

@@ -13,10 +13,8 @@ from sqlalchemy import (
     Text,
     and_,
     delete,
-    exists,
     insert,
     literal_column,
-    or_,
     select,
     true,
     tuple_,
@@ -26,6 +24,7 @@ from sqlalchemy.sql.expression import FromClause
 
 from app.store.predicates import (
     Upsert,
+    delivering,
     in_state,
 )
 from app.store.schema import QUEUE_RULE
@@ -114,17 +113,7 @@ def prune(t: Table, d: Table | None, *, before: int, limit: int) -> ReturningDel
         t.c.settled_at < before,
     )
     if d is not None:
-        # A delivery not yet done: open, an exhaustion, or settled since (ix_{t}_dl_update).
-        open_beside = select(d.c.update_id).where(
-            d.c.bot == t.c.bot,
-            d.c.update_id == t.c.update_id,
-            or_(
-                ~in_state(d.c.state, "completed", "abandoned"),
-                d.c.settled_at.is_(None),
-                d.c.settled_at >= before,
-            ),
-        )
-        prunable = prunable.where(~exists(open_beside))
+        prunable = prunable.where(~delivering(t, d, before))
     return (
         delete(t)
         .where(tuple_(t.c.bot, t.c.update_id).in_(prunable.limit(limit)))
