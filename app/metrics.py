@@ -42,6 +42,7 @@ from app.metric_labels import (
     WebhookCheck,
 )
 from app.store import EventType
+from app.store.types import DEFAULT_DESTINATION
 
 __all__ = ["CONTENT_TYPE", "AttemptMeters", "IntakeMeters", "Metrics"]
 
@@ -61,9 +62,10 @@ FORWARD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 Key = TypeVar("Key", bound=str)
 
 
-def _bound(metric: Counter, bot: str, keys: Iterable[Key]) -> dict[Key, Counter]:
-    """The children of `metric` for `bot` and each key, made now (so each series starts at 0)."""
-    return {key: metric.labels(bot, key) for key in keys}
+def _bound(metric: Counter, labels: tuple[str, ...], keys: Iterable[Key]) -> dict[Key, Counter]:
+    """The children of `metric` for `labels` (a bot, and a destination) and each key, made now
+    (so each series starts at 0)."""
+    return {key: metric.labels(*labels, key) for key in keys}
 
 
 def _by_reason(
@@ -99,7 +101,8 @@ class PollMeters:
 
 @dataclass(frozen=True, slots=True)
 class AttemptMeters:
-    """One bot's dispatch counters, bound to its labels."""
+    """One destination's dispatch counters (a bot's `default` or another), bound to its
+    labels."""
 
     attempts: Mapping[AttemptOutcome, Counter]
     forward_duration: Histogram
@@ -144,39 +147,39 @@ class Metrics:
         )
         self._attempts = Counter(
             PREFIX + "attempts",
-            "Delivery attempts ended, by outcome.",
-            ["bot", "outcome"],
+            "Delivery attempts ended, by destination and outcome.",
+            ["bot", "destination", "outcome"],
             registry=registry,
         )
         self._forward_duration = Histogram(
             PREFIX + "forward_duration_seconds",
             "Downstream requests that got an answer or failed (not those cancelled).",
-            ["bot"],
+            ["bot", "destination"],
             registry=registry,
             buckets=FORWARD_BUCKETS,
         )
         self._in_flight = Gauge(
             PREFIX + "attempts_in_flight",
-            "Requests to the bot's downstream this process has in flight now.",
-            ["bot"],
+            "Requests to the destination's downstream this process has in flight now.",
+            ["bot", "destination"],
             registry=registry,
         )
         self._renewals = Counter(
             PREFIX + "lease_renewals",
             "Lease renewals of attempts still in flight, by what the database answered.",
-            ["bot", "result"],
+            ["bot", "destination", "result"],
             registry=registry,
         )
         self._owner_lost = Counter(
             PREFIX + "owner_lost",
             "Attempts that lost their claim: the request is cancelled, nothing is settled.",
-            ["bot", "reason"],
+            ["bot", "destination", "reason"],
             registry=registry,
         )
         self._deliveries = Counter(
             PREFIX + "exhaustion_deliveries",
             "Exhaustion records sent to exhaustion_url, by result.",
-            ["bot", "result"],
+            ["bot", "destination", "result"],
             registry=registry,
         )
         self._events = Counter(
@@ -240,7 +243,7 @@ class Metrics:
     def intake(self, bot: str) -> IntakeMeters:
         """The webhook counters of `bot` (a configured name, or UNKNOWN_BOT)."""
         return IntakeMeters(
-            _bound(self._requests, bot, get_args(IntakeResult)),
+            _bound(self._requests, (bot,), get_args(IntakeResult)),
             self._request_duration.labels(bot),
             self._commit_wait.labels(bot),
         )
@@ -248,7 +251,7 @@ class Metrics:
     def polling(self, bot: str) -> PollMeters:
         """The long poller's counters of `bot`."""
         return PollMeters(
-            requests=_bound(self._polls, bot, get_args(PollResult)),
+            requests=_bound(self._polls, (bot,), get_args(PollResult)),
             updates=self._polled.labels(bot),
             offset=self._poll_offset.labels(bot),
             last_error=self._poll_error.labels(bot),
@@ -266,15 +269,17 @@ class Metrics:
     def request_refused(self, reason: Refusal) -> None:
         self._refused[reason].inc()
 
-    def dispatch(self, bot: str) -> AttemptMeters:
-        """The dispatch counters of `bot`, for a dispatcher that delivers its updates."""
+    def dispatch(self, bot: str, destination: str = DEFAULT_DESTINATION) -> AttemptMeters:
+        """The dispatch counters of `bot`'s `destination`, for a dispatcher that delivers its
+        updates there."""
+        labels = (bot, destination)
         return AttemptMeters(
-            attempts=_bound(self._attempts, bot, get_args(AttemptOutcome)),
-            forward_duration=self._forward_duration.labels(bot),
-            in_flight=self._in_flight.labels(bot),
-            renewals=_bound(self._renewals, bot, get_args(RenewalResult)),
-            owner_lost=_bound(self._owner_lost, bot, get_args(LostReason)),
-            exhaustion_deliveries=_bound(self._deliveries, bot, get_args(DeliveryResult)),
+            attempts=_bound(self._attempts, labels, get_args(AttemptOutcome)),
+            forward_duration=self._forward_duration.labels(*labels),
+            in_flight=self._in_flight.labels(*labels),
+            renewals=_bound(self._renewals, labels, get_args(RenewalResult)),
+            owner_lost=_bound(self._owner_lost, labels, get_args(LostReason)),
+            exhaustion_deliveries=_bound(self._deliveries, labels, get_args(DeliveryResult)),
         )
 
     async def exposition(self, bots: Collection[str] | None = None) -> bytes:

@@ -197,23 +197,36 @@ async def test_attempts_are_counted_by_bot_and_outcome(
         async def settled() -> Scrape | None:
             scrape = await service.scrape()
             done = (
-                scrape("attempts_total", bot="shop", outcome="completed") == 2
-                and scrape("attempts_total", bot="shop", outcome="terminal") == 1
-                and scrape("exhaustion_deliveries_total", bot="news", result="delivered") == 1
+                scrape("attempts_total", bot="shop", destination="default", outcome="completed")
+                == 2
+                and scrape("attempts_total", bot="shop", destination="default", outcome="terminal")
+                == 1
+                and scrape(
+                    "exhaustion_deliveries_total",
+                    bot="news",
+                    destination="default",
+                    result="delivered",
+                )
+                == 1
                 and scrape("unacknowledged_exhaustions", bot="news") == 0
             )
             return scrape if done else None
 
         scrape = await eventually(settled)
-    shop = {o: scrape("attempts_total", bot="shop", outcome=o) for o in ("completed", "retry")}
+    shop = {
+        o: scrape("attempts_total", bot="shop", destination="default", outcome=o)
+        for o in ("completed", "retry")
+    }
     assert shop == {"completed": 2, "retry": 1}
-    assert scrape("attempts_total", bot="news", outcome="terminal") == 1
+    assert scrape("attempts_total", bot="news", destination="default", outcome="terminal") == 1
     for outcome in ("deferred", "spent", "expired", "lost", "handed_back", "unsettled"):
-        assert scrape("attempts_total", bot="shop", outcome=outcome) == 0
-    assert scrape("forward_duration_seconds_count", bot="shop") == 4
-    assert scrape("forward_duration_seconds_count", bot="news") == 1
-    assert scrape("attempts_in_flight", bot="shop") == 0
-    assert scrape("owner_lost_total", bot="shop", reason="renewal_refused") == 0
+        assert scrape("attempts_total", bot="shop", destination="default", outcome=outcome) == 0
+    assert scrape("forward_duration_seconds_count", bot="shop", destination="default") == 4
+    assert scrape("forward_duration_seconds_count", bot="news", destination="default") == 1
+    assert scrape("attempts_in_flight", bot="shop", destination="default") == 0
+    assert (
+        scrape("owner_lost_total", bot="shop", destination="default", reason="renewal_refused") == 0
+    )
     assert scrape("webhook_requests_total", bot="shop", result="accepted") == 3
     assert scrape("unacknowledged_exhaustions", bot="shop") == 1
     assert scrape("oldest_undelivered_age_seconds", bot="shop") == 0
@@ -236,10 +249,15 @@ async def test_renewals_and_a_lost_claim_are_counted(
 
         async def renewed() -> bool:
             scrape = await service.scrape()
-            return scrape("lease_renewals_total", bot="shop", result="renewed") >= 1
+            return (
+                scrape("lease_renewals_total", bot="shop", destination="default", result="renewed")
+                >= 1
+            )
 
         await eventually(renewed)
-        assert (await service.scrape())("attempts_in_flight", bot="shop") == 1
+        assert (await service.scrape())(
+            "attempts_in_flight", bot="shop", destination="default"
+        ) == 1
         engine = create_sync_engine(url)
         try:
             with engine.begin() as connection:
@@ -249,14 +267,21 @@ async def test_renewals_and_a_lost_claim_are_counted(
 
         async def completed() -> Scrape | None:
             scrape = await service.scrape()
-            done = scrape("attempts_total", bot="shop", outcome="completed") == 1
+            done = (
+                scrape("attempts_total", bot="shop", destination="default", outcome="completed")
+                == 1
+            )
             return scrape if done else None
 
         scrape = await eventually(completed)
-    assert scrape("lease_renewals_total", bot="shop", result="refused") == 1
-    assert scrape("owner_lost_total", bot="shop", reason="renewal_refused") == 1
-    assert scrape("attempts_total", bot="shop", outcome="lost") == 1
-    assert scrape("forward_duration_seconds_count", bot="shop") == 1  # the cancelled one: not
+    assert scrape("lease_renewals_total", bot="shop", destination="default", result="refused") == 1
+    assert (
+        scrape("owner_lost_total", bot="shop", destination="default", reason="renewal_refused") == 1
+    )
+    assert scrape("attempts_total", bot="shop", destination="default", outcome="lost") == 1
+    assert (
+        scrape("forward_duration_seconds_count", bot="shop", destination="default") == 1
+    )  # the cancelled one: not
     assert [r.attempt for r in downstream.received] == [1, 2]
 
 

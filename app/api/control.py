@@ -42,7 +42,14 @@ from app.api.deps import REFUSALS, Grant, Operator, StrictJsonRoute, Viewer
 from app.api.operations import summary
 from app.overview import bots_overview
 from app.store import BulkOutcome, ClaimIdentity, ExhaustionFilter, UpdateFilter
-from telegram_intake_kit.wire import BOT_PATTERN, MAX_BIGINT, NO_NUL, Problem, UpdateView
+from telegram_intake_kit.wire import (
+    BOT_PATTERN,
+    DEFAULT_DESTINATION,
+    MAX_BIGINT,
+    NO_NUL,
+    Problem,
+    UpdateView,
+)
 
 router = APIRouter(
     route_class=StrictJsonRoute,
@@ -72,36 +79,70 @@ async def bots(grant: Viewer) -> BotList:
 BotPath = Annotated[str, Path(pattern=BOT_PATTERN)]
 
 
+# Whose controls: the bot's own (a pause holds every destination of it; a rate limit is
+# destination `default`'s), or one other destination's.
+DestinationQuery = Annotated[
+    str,
+    Query(pattern=BOT_PATTERN, description="one destination beside default; default: the bot"),
+]
+
+
+def _destination(grant: Grant, bot: str, destination: str) -> str:
+    """`destination` of the configured `bot`; 404 for one it lacks."""
+    configured = grant.bot(bot)
+    if destination != DEFAULT_DESTINATION and all(
+        target.name != destination for target in configured.targets
+    ):
+        raise HTTPException(404, f"bot {bot!r} has no destination {destination!r}")
+    return destination
+
+
 @router.post("/bots/{bot}/pause")
-async def pause(bot: BotPath, grant: Operator, request: PauseRequest | None = None) -> BotAction:
-    """Hold every new attempt of the bot, in every process (attempts in flight finish); its
-    updates are still recorded and answered 200."""
-    grant.bot(bot)
+async def pause(
+    bot: BotPath,
+    grant: Operator,
+    request: PauseRequest | None = None,
+    destination: DestinationQuery = DEFAULT_DESTINATION,
+) -> BotAction:
+    """Hold every new attempt of the bot (or of its `destination` alone), in every process
+    (attempts in flight finish); its updates are still recorded and answered 200."""
+    destination = _destination(grant, bot, destination)
     services = grant.services
     reason = None if request is None else request.reason
-    changed = await services.store.pause(bot, at=services.now(), by=grant.key.label, reason=reason)
+    changed = await services.store.pause(
+        bot, at=services.now(), by=grant.key.label, reason=reason, destination=destination
+    )
     return BotAction(bot=bot, changed=changed)
 
 
 @router.post("/bots/{bot}/resume")
-async def resume(bot: BotPath, grant: Operator) -> BotAction:
+async def resume(
+    bot: BotPath, grant: Operator, destination: DestinationQuery = DEFAULT_DESTINATION
+) -> BotAction:
     """Lift the pause; the workers of every process look at once."""
-    grant.bot(bot)
+    destination = _destination(grant, bot, destination)
     services = grant.services
-    changed = await services.store.resume(bot, at=services.now(), by=grant.key.label)
+    changed = await services.store.resume(
+        bot, at=services.now(), by=grant.key.label, destination=destination
+    )
     if changed:
         await services.wake()
     return BotAction(bot=bot, changed=changed)
 
 
 @router.post("/bots/{bot}/rate-limit")
-async def rate_limit(bot: BotPath, request: RateLimitRequest, grant: Operator) -> RateLimitSet:
-    """At most `per_second` attempts of the bot start per second, across every process; a
-    throttled update spends no attempt. null lifts the limit."""
-    grant.bot(bot)
+async def rate_limit(
+    bot: BotPath,
+    request: RateLimitRequest,
+    grant: Operator,
+    destination: DestinationQuery = DEFAULT_DESTINATION,
+) -> RateLimitSet:
+    """At most `per_second` attempts of the bot's `destination` start per second, across
+    every process; a throttled update spends no attempt. null lifts the limit."""
+    destination = _destination(grant, bot, destination)
     services = grant.services
     await services.store.set_rate_limit(
-        bot, request.per_second, at=services.now(), by=grant.key.label
+        bot, request.per_second, at=services.now(), by=grant.key.label, destination=destination
     )
     if request.per_second is None:
         await services.wake()
@@ -189,7 +230,7 @@ async def park(
     grant.allow(bot)
     if request.bot not in (None, bot) or request.update_id not in (None, update_id):
         raise HTTPException(422, "bot and update_id in the body differ from the path's")
-    identity = ClaimIdentity(bot, update_id, request.attempt, request.claim_id)
+    identity = ClaimIdentity(bot, update_id, request.attempt, request.claim_id, request.destination)
     services = grant.services
     parked = await services.store.park(
         identity, at=services.now(), by=grant.key.label, reason=request.reason
@@ -283,7 +324,8 @@ def _selection(
         for identity in request.identities:
             grant.allow(identity.bot)
         return [
-            ClaimIdentity(i.bot, i.update_id, i.attempt, i.claim_id) for i in request.identities
+            ClaimIdentity(i.bot, i.update_id, i.attempt, i.claim_id, i.destination)
+            for i in request.identities
         ]
     chosen = request.filter or Filter()
     if chosen.bot is not None:

@@ -14,11 +14,13 @@ from pydantic import Field, StrictBool, StrictInt, StringConstraints, model_vali
 from app.store import ClaimIdentity, ExhaustionFilter
 from app.store.validate import MAX_RATE, MIN_RATE
 from telegram_intake_kit.wire import (
+    DEFAULT_DESTINATION,
     MAX_BIGINT,
     NO_NUL,
     Attempt,
     BotName,
     ClaimId,
+    DestinationName,
     EpochMillis,
     Identity,
     Message,
@@ -156,6 +158,7 @@ class AcknowledgeRequest(BulkRequest):
     update_id: UpdateId | None = None
     attempt: Attempt | None = None
     claim_id: ClaimId | None = None
+    destination: DestinationName = DEFAULT_DESTINATION
 
     @model_validator(mode="before")
     @classmethod
@@ -185,7 +188,9 @@ class AcknowledgeRequest(BulkRequest):
             return None
         if self.claim_id is None or self.identities:
             return None
-        return ClaimIdentity(self.bot, self.update_id, self.attempt, self.claim_id)
+        return ClaimIdentity(
+            self.bot, self.update_id, self.attempt, self.claim_id, self.destination
+        )
 
 
 class RedriveRequest(BulkRequest):
@@ -218,6 +223,9 @@ class ParkRequest(Message):
     attempt: Attempt
     claim_id: ClaimId
     reason: Reason
+    destination: DestinationName = Field(
+        default=DEFAULT_DESTINATION, description="whose delivery: the bot's own by default"
+    )
     bot: BotName | None = Field(default=None, description="if given, the path's")
     update_id: UpdateId | None = Field(default=None, description="if given, the path's")
 

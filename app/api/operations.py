@@ -12,6 +12,7 @@ from app.api.deps import REFUSALS, StrictJsonRoute, Viewer
 from app.store import Exhaustion
 from telegram_intake_kit.wire import (
     BOT_PATTERN,
+    DEFAULT_DESTINATION,
     MAX_BIGINT,
     BotCounts,
     ExhaustionItem,
@@ -45,8 +46,10 @@ async def exhaustions(
         Query(pattern=CURSOR_PATTERN, description="`next` of the previous page: bot:update_id"),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1_000)] = 100,
+    destination: Annotated[str, Query(pattern=BOT_PATTERN)] = DEFAULT_DESTINATION,
 ) -> ExhaustionPage:
-    """Unacknowledged exhaustions in `(bot, update_id)` order, a page at a time."""
+    """Unacknowledged exhaustions in `(bot, update_id)` order, a page at a time: those of
+    deliveries to `destination` (default: the bots' own downstreams)."""
     cursor = None
     if after is not None:
         name, _, number = after.partition(":")
@@ -54,7 +57,7 @@ async def exhaustions(
             raise HTTPException(422, f"after {after!r}: update_id over 2**63-1")
         cursor = (name, int(number))
     rows = await grant.services.store.due_exhaustions(
-        limit=limit, after=cursor, bots=grant.bots(bot)
+        limit=limit, after=cursor, bots=grant.bots(bot), destination=destination
     )
     items = [summary(row, ExhaustionItem, update=row.body) for row in rows]
     last = items[-1].key() if len(items) == limit else None

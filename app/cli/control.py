@@ -22,6 +22,7 @@ from app.cli.terminal import (
     actor,
     age_text,
     bot_argument,
+    destination_argument,
     known_bot,
     print_json,
     rate_argument,
@@ -33,8 +34,8 @@ from app.cli.terminal import (
 )
 from app.config import Settings
 from app.overview import bots_overview
-from app.store import ClaimIdentity, OperatorStore, UpdateFilter
-from app.store.types import STATES
+from app.store import ClaimIdentity, OperatorStore, StoredDelivery, StoredUpdate, UpdateFilter
+from app.store.types import DEFAULT_DESTINATION, STATES
 
 # -- bots --------------------------------------------------------------------------------------
 
@@ -85,29 +86,57 @@ def _bot_action(
 
 def _pause(settings: Settings, args: argparse.Namespace) -> int:
     async def pause(store: OperatorStore, now: int) -> str:
-        if await store.pause(args.bot, at=now, by=actor(), reason=args.reason):
-            return f"paused {args.bot}: no new attempts in any process; updates are still recorded"
-        return f"{args.bot} was paused already"
+        name = _named(args)
+        paused = await store.pause(
+            args.bot, at=now, by=actor(), reason=args.reason, destination=args.destination
+        )
+        if paused:
+            return f"paused {name}: no new attempts in any process; updates are still recorded"
+        return f"{name} was paused already"
 
     return _bot_action(settings, args.bot, pause)
 
 
 def _resume(settings: Settings, args: argparse.Namespace) -> int:
     async def resume(store: OperatorStore, now: int) -> str:
-        if await store.resume(args.bot, at=now, by=actor()):
-            return f"resumed {args.bot}"
-        return f"{args.bot} was not paused"
+        if await store.resume(args.bot, at=now, by=actor(), destination=args.destination):
+            return f"resumed {_named(args)}"
+        return f"{_named(args)} was not paused"
 
     return _bot_action(settings, args.bot, resume)
 
 
 def _rate_limit(settings: Settings, args: argparse.Namespace) -> int:
     async def limit(store: OperatorStore, now: int) -> str:
-        await store.set_rate_limit(args.bot, args.rate, at=now, by=actor())
+        await store.set_rate_limit(
+            args.bot, args.rate, at=now, by=actor(), destination=args.destination
+        )
         limit = "no limit" if args.rate is None else f"at most {args.rate:g} attempts/s"
-        return f"{args.bot}: {limit}, across every worker process"
+        return f"{_named(args)}: {limit}, across every worker process"
 
     return _bot_action(settings, args.bot, limit)
+
+
+DESTINATION_HELP = (
+    "one destination beside default (docs/destinations.md); without it, the bot (a pause "
+    "holds every destination of it)"
+)
+
+
+def _destination_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--destination",
+        type=destination_argument,
+        default=DEFAULT_DESTINATION,
+        help=DESTINATION_HELP,
+    )
+
+
+def _named(args: argparse.Namespace) -> str:
+    """The bot an action is on, or bot/destination."""
+    if args.destination == DEFAULT_DESTINATION:
+        return str(args.bot)
+    return f"{args.bot}/{args.destination}"
 
 
 # -- updates and attempts ------------------------------------------------------------------------
@@ -218,15 +247,20 @@ def _attempts(settings: Settings, args: argparse.Namespace) -> int:
 
 def _park(settings: Settings, args: argparse.Namespace) -> int:
     async def work(store: OperatorStore) -> int:
-        row = await store.get_update(args.bot, args.update_id)
+        found = await store.get_update(args.bot, args.update_id)
+        row: StoredUpdate | StoredDelivery | None = found
+        if found is not None and args.destination != DEFAULT_DESTINATION:
+            row = next((d for d in found.deliveries if d.destination == args.destination), None)
         if row is None or row.claim_id is None or row.state not in ("processing", "failed"):
             state = "not recorded" if row is None else row.state
             print(
-                f"update {args.update_id} of {args.bot!r} has no attempt to park ({state})",
+                f"update {args.update_id} of {_named(args)!r} has no attempt to park ({state})",
                 file=sys.stderr,
             )
             return 1
-        identity = ClaimIdentity(row.bot, row.update_id, row.attempts, row.claim_id)
+        identity = ClaimIdentity(
+            args.bot, args.update_id, row.attempts, row.claim_id, args.destination
+        )
         now = await store.database_time()
         if await store.park(identity, at=now, by=actor(), reason=args.reason):
             print(f"parked {args.bot}:{args.update_id} attempt {identity.attempt} as an exhaustion")
@@ -284,6 +318,12 @@ def add_commands(commands: Commands) -> None:
     )
     pause.add_argument("bot", type=bot_argument)
     pause.add_argument("--reason", help="recorded with the pause and in the audit log")
+    pause.add_argument(
+        "--destination",
+        type=destination_argument,
+        default=DEFAULT_DESTINATION,
+        help=DESTINATION_HELP,
+    )
     pause.set_defaults(handler=_pause)
     resume = commands.add_parser(
         "resume",
@@ -291,6 +331,12 @@ def add_commands(commands: Commands) -> None:
         description="Example: telegram-intake resume shop",
     )
     resume.add_argument("bot", type=bot_argument)
+    resume.add_argument(
+        "--destination",
+        type=destination_argument,
+        default=DEFAULT_DESTINATION,
+        help=DESTINATION_HELP,
+    )
     resume.set_defaults(handler=_resume)
     rate = commands.add_parser(
         "rate-limit",
@@ -300,6 +346,12 @@ def add_commands(commands: Commands) -> None:
     )
     rate.add_argument("bot", type=bot_argument)
     rate.add_argument("rate", type=rate_argument, help="attempts per second, or off")
+    rate.add_argument(
+        "--destination",
+        type=destination_argument,
+        default=DEFAULT_DESTINATION,
+        help=DESTINATION_HELP,
+    )
     rate.set_defaults(handler=_rate_limit)
     updates = commands.add_parser(
         "updates",
@@ -340,6 +392,12 @@ def add_commands(commands: Commands) -> None:
     park.add_argument("bot", type=bot_argument)
     park.add_argument("update_id", type=int)
     park.add_argument("--reason", required=True, help="kept as the exhaustion's error")
+    park.add_argument(
+        "--destination",
+        type=destination_argument,
+        default=DEFAULT_DESTINATION,
+        help=DESTINATION_HELP,
+    )
     park.set_defaults(handler=_park)
     audit = commands.add_parser(
         "audit",

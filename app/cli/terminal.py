@@ -50,6 +50,14 @@ def bot_argument(value: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def destination_argument(value: str) -> str:
+    """A destination's name (docs/destinations.md), as the store takes one."""
+    try:
+        return validate.destination_name(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def telegram_id_argument(value: str) -> int:
     """A user's or a chat's id, as Telegram numbers them (negative for groups and channels)."""
     try:

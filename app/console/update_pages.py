@@ -24,7 +24,7 @@ from app.console.forms import (
     visible_bots,
 )
 from app.store import ClaimIdentity, UpdateFilter
-from app.store.types import STATES
+from app.store.types import DEFAULT_DESTINATION, STATES
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
@@ -119,7 +119,11 @@ def _identity(form: dict[str, str], bot: str, update_id: int) -> ClaimIdentity:
         attempt = int(form.get("attempt", ""))
     except ValueError:
         raise HTTPException(400, "attempt: not a number") from None
-    return ClaimIdentity(bot, update_id, attempt, form.get("claim_id", ""))
+    destination = form.get("destination", DEFAULT_DESTINATION)
+    try:
+        return ClaimIdentity(bot, update_id, attempt, form.get("claim_id", ""), destination)
+    except ValueError as error:
+        raise HTTPException(400, str(error)) from None
 
 
 @router.post("/updates/{bot}/{update_id}/park")

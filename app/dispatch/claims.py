@@ -86,7 +86,8 @@ class ClaimLoop:
         self._timed = tracing.tracer() is not None  # each claim's time, for the attempts' spans
 
     async def _read_controls(self) -> None:
-        """Which bots have a rate limit, once a second: a new limit binds within about that."""
+        """Which lanes (bots, and their destinations) have a rate limit, once a second: a new
+        limit binds within about that."""
         now = time.monotonic()
         if not self._controls or now - self._controls_read < CONTROLS_SECONDS:
             return
@@ -96,10 +97,12 @@ class ClaimLoop:
         except SchemaError:
             self._controls = False  # a table below 0004: plain bots only, nothing to read
             return
-        rates = {control.bot: control.rate_per_second for control in controls}
+        if any(lane.destination != DEFAULT_DESTINATION for lane in self._lanes):
+            names = sorted({lane.name for lane in self._lanes})
+            controls += await self._store.bot_controls(names, destinations=True)
+        rates = {(c.bot, c.destination): c.rate_per_second for c in controls}
         for lane in self._lanes:
-            if lane.destination == DEFAULT_DESTINATION:  # the bot's row holds default's rate
-                lane.rate_per_second = rates.get(lane.name)
+            lane.rate_per_second = rates.get((lane.name, lane.destination))
 
     def stop(self) -> None:
         """Claim no more; `run` returns."""
@@ -188,7 +191,9 @@ class ClaimLoop:
         lane.throttled = False
         if lane.rate_per_second is None:
             return await self._claim_now(lane, wanted, now)
-        granted = await self._store.take_tokens(lane.name, wanted, now=now)
+        granted = await self._store.take_tokens(
+            lane.name, wanted, now=now, destination=lane.destination
+        )
         lane.throttled = granted < wanted
         if granted == 0:
             return 0
@@ -197,7 +202,9 @@ class ClaimLoop:
             started = await self._claim_now(lane, granted, now)
         finally:
             if started < granted:
-                await self._store.return_tokens(lane.name, granted - started)
+                await self._store.return_tokens(
+                    lane.name, granted - started, destination=lane.destination
+                )
         return started
 
     async def _claim_now(self, lane: Lane, wanted: int, now: int) -> int:

@@ -44,7 +44,6 @@ from app.dispatch.settler import Settler
 from app.intake.polling import Poller
 from app.metrics import Metrics
 from app.store import OperatorStore, StoreError
-from app.store.types import DEFAULT_DESTINATION
 
 log = logging.getLogger(__name__)
 # After the grace period, how long a stop waits at most for hand-backs and the last settles.
@@ -77,19 +76,19 @@ class Dispatcher:
         self._transport = transport
         self._lanes = []
         for bot in chosen:
-            meters = metrics.dispatch(bot.name)
-            lanes = [
-                Lane(bot, transport, meters, destination=target.name, monotonic_ns=monotonic_ns)
-                for target in bot.targets
-            ]
-            # Read when scraped: the bot's requests in flight, whichever destination.
-            meters.in_flight.set_function(functools.partial(_in_flight, lanes))
-            self._lanes += lanes
+            for target in bot.targets:
+                meters = metrics.dispatch(bot.name, target.name)
+                lane = Lane(
+                    bot, transport, meters, destination=target.name, monotonic_ns=monotonic_ns
+                )
+                meters.in_flight.set_function(functools.partial(_in_flight, lane))
+                self._lanes.append(lane)
         self._clock = DatabaseClock(store, monotonic_ns=monotonic_ns)
         self._reports: set[asyncio.Task[None]] = set()
         for lane in self._lanes:
-            if lane.destination == DEFAULT_DESTINATION:  # the bot's row holds default's
-                lane.breaker.on_change = functools.partial(self._report_breaker, lane.name)
+            lane.breaker.on_change = functools.partial(
+                self._report_breaker, lane.name, lane.destination
+            )
         self._settler = Settler(store)
         self._tick = min(1.0, min((lane.lease_ms for lane in self._lanes), default=6000) / 6000)
         self._wake = asyncio.Event()
@@ -114,7 +113,7 @@ class Dispatcher:
                 self._clock,
                 exhaustion_targets,
                 retry_seconds=settings.exhaustion_retry_seconds,
-                meters={lane.name: lane.meters for lane in self._lanes},
+                meters={(lane.name, lane.destination): lane.meters for lane in self._lanes},
             )
             if exhaustion_targets
             else None
@@ -263,15 +262,18 @@ class Dispatcher:
         }
         return self._liveness.problems(tasks)
 
-    def _report_breaker(self, bot: str, state: str) -> None:
-        """Record a breaker transition in the bot's row, for operators (not awaited: the
-        attempt that moved the breaker does not wait for it)."""
+    def _report_breaker(self, bot: str, destination: str, state: str) -> None:
+        """Record a breaker transition in the bot's (or destination's) row, for operators (not
+        awaited: the attempt that moved the breaker does not wait for it)."""
 
         async def report() -> None:
             try:
-                await self._store.report_breaker(bot, state, at=self._clock.now())
+                at = self._clock.now()
+                await self._store.report_breaker(bot, state, at=at, destination=destination)
             except (StoreError, ValueError) as error:
-                log.warning("could not record bot %r's breaker %s: %s", bot, state, error)
+                log.warning(
+                    "could not record bot %r's breaker %s (%s): %s", bot, state, destination, error
+                )
 
         task = asyncio.create_task(report())
         self._reports.add(task)
@@ -323,8 +325,9 @@ class Dispatcher:
         await asyncio.gather(*self._background.values(), return_exceptions=True)
 
 
-def _in_flight(lanes: Sequence[Lane]) -> int:
-    return sum(lane.in_flight for lane in lanes)
+def _in_flight(lane: Lane) -> int:
+    """A lane's requests in flight, read when the metrics are scraped."""
+    return lane.in_flight
 
 
 def _report_exit(task: asyncio.Task[None]) -> None:

@@ -53,7 +53,8 @@ class Downstream:
     ) -> None:
         found = [target for target in bot.targets if target.name == destination]
         if not found:
-            raise ValueError(f"bot {bot.name!r} has no destination {destination!r}")
+            lacking = "downstream_url" if destination == DEFAULT_DESTINATION else destination
+            raise ValueError(f"bot {bot.name!r} has no {lacking}")
         target = found[0]
         self.name = bot.name
         self.destination = destination

@@ -74,7 +74,7 @@ class ExhaustionDelivery:
         downstreams: dict[tuple[str, str], Downstream],
         *,
         retry_seconds: float,
-        meters: dict[str, AttemptMeters],
+        meters: dict[tuple[str, str], AttemptMeters],
     ) -> None:
         self._store = store
         self._clock = clock
@@ -82,7 +82,7 @@ class ExhaustionDelivery:
         self._bots: dict[str, list[str]] = {}  # by destination
         for bot, destination in sorted(downstreams):
             self._bots.setdefault(destination, []).append(bot)
-        self._deliveries = {bot: meters[bot].exhaustion_deliveries for bot, _ in downstreams}
+        self._deliveries = {key: meters[key].exhaustion_deliveries for key in downstreams}
         self._retry = retry_seconds
         # A delivery holds its exhaustion for the longest request it may make, and a margin.
         longest = max(d.options.forward_timeout_seconds for d in downstreams.values())
@@ -157,13 +157,13 @@ class ExhaustionDelivery:
             )
             delivered(span, outcome)
             if outcome.taken:
-                self._deliveries[identity.bot]["delivered"].inc()
+                self._deliveries[identity.bot, identity.destination]["delivered"].inc()
                 return await tracing.recorded(
                     self._tracer,
                     "acknowledge exhaustion",
                     lambda: self._store.acknowledge_exhaustion(identity, self._clock.now()),
                 )
-            self._deliveries[identity.bot]["failed"].inc()
+            self._deliveries[identity.bot, identity.destination]["failed"].inc()
             pause = backoff_seconds(self._retry, exhaustion.deliveries)
             await self._store.delivery_failed(exhaustion, self._clock.now() + int(pause * 1000))
             AttemptLog.of(log, identity).warning(

@@ -47,6 +47,7 @@ from app.store.types import (
     Ordering,
     Settlement,
     State,
+    StoredDelivery,
     StoredUpdate,
 )
 
@@ -84,6 +85,7 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "StoreUnavailable",
+    "StoredDelivery",
     "StoredUpdate",
     "UpdateFilter",
     "UpdateStore",

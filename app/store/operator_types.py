@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from app.store import validate
-from app.store.types import STATES, Exhaustion, State, StoredUpdate
+from app.store.types import DEFAULT_DESTINATION, STATES, Exhaustion, State, StoredUpdate
 
 # -- operator control (revision 0004) -----------------------------------------------------------
 
@@ -56,6 +56,9 @@ class BotControl:
     webhook_error_date: int | None = None
     webhook_error_message: str | None = None
     webhook_checked_at: int | None = None
+    # Whose controls these are: the bot's own (its pause, and destination `default`'s rate
+    # and breaker), or one destination's beside `default` (revision 0010).
+    destination: str = DEFAULT_DESTINATION
 
     @property
     def paused(self) -> bool:

@@ -165,6 +165,22 @@ class Exhaustion:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredDelivery:
+    """One delivery beside an update's row (revision 0010), as it stands: its destination and
+    the delivery columns, read as `StoredUpdate`'s."""
+
+    destination: str
+    state: State
+    attempts: int
+    due_at: int
+    settled_at: int | None
+    error: str | None
+    claim_id: str | None
+    exhausted_at: int | None
+    acknowledged_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredUpdate:
     """One row as it stands, for operators (`get_update`). The revision 0002 fields are None
     on a base table. `due_at` is the lease's end while processing, the retry time while
@@ -186,6 +202,8 @@ class StoredUpdate:
     body: str | None = None  # the raw update: `get_update` reads it, a search leaves it out
     # When its body was erased (retention, revision 0009): `body` is None from then on.
     erased_at: int | None = None
+    # Its deliveries to destinations beside `default` (`get_update` reads them), in name order.
+    deliveries: tuple[StoredDelivery, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

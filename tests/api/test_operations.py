@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from app.store import Completed, Failed
+from app.store import Completed, Failed, NewUpdate
+from app.store.types import Route
 from tests.api.conftest import (
     SHOP_KEY,
     Api,
@@ -188,7 +189,7 @@ async def test_an_updates_fields_are_its_rows(api: Api) -> None:
         response = await api.get(f"/v1/updates/{bot}/{update_id}")
         assert response.status_code == 200, (bot, update_id)
         row = await api.row(bot, update_id)
-        fields = dataclasses.asdict(row)
+        fields = dataclasses.asdict(row) | {"deliveries": []}  # none beside these
         fields.pop("body")  # the view of a row leaves the raw update out
         assert response.json() == fields, (bot, update_id)
     # What each state shows, beyond copying the row.
@@ -206,6 +207,50 @@ async def test_an_updates_fields_are_its_rows(api: Api) -> None:
     view = (await api.get("/v1/updates/news/4")).json()
     assert (view["state"], view["due_at"], view["error"]) == ("failed", now + 60_000, "HTTP 502")
     assert view["claim_id"] == failed.claim_id
+
+
+async def test_an_update_shows_its_deliveries_and_a_destination_lists_its_exhaustions(
+    api: Api,
+) -> None:
+    """Deliveries beside the row (revision 0010), as the intake records them for a bot with
+    destinations: the view lists each; exhaustions and park take a destination."""
+    at = now_ms()
+    routes = (Route("payments"), Route("analytics", False))
+    await api.store.add_many(
+        [NewUpdate("shop", 5, update_body(5), at, "message", "42", routes=routes)]
+    )
+    claim = {"now": at, "lease_until": at + 60_000, "max_attempts": 3, "limit": 5}
+    (paying,) = await api.store.claim_next_owned(**claim, destination="payments")
+    (counting,) = await api.store.claim_next_owned(**claim, destination="analytics")
+    assert await api.store.exhaust(paying.identity, at + 1, "HTTP 400: no such order")
+    view = (await api.get("/v1/updates/shop/5")).json()
+    assert (view["state"], view["attempts"]) == ("unrouted", 0)
+    assert [(d["destination"], d["state"], d["claim_id"]) for d in view["deliveries"]] == [
+        ("analytics", "processing", counting.identity.claim_id),
+        ("payments", "abandoned", paying.identity.claim_id),
+    ]
+    assert view["deliveries"][1]["error"] == "HTTP 400: no such order"
+    assert (await api.get("/v1/exhaustions")).json()["items"] == []  # default's: none
+    (item,) = (await api.get("/v1/exhaustions", destination="payments")).json()["items"]
+    assert (item["destination"], item["update_id"], item["claim_id"]) == (
+        "payments", 5, paying.identity.claim_id)  # fmt: skip
+    assert item["update"] == update_body(5)
+    response = await api.get("/v1/exhaustions", destination="No Such")
+    assert response.status_code == 422
+    # Park takes the destination's delivery by its identity; default's row has none.
+    park = {"attempt": 1, "claim_id": counting.identity.claim_id, "reason": "by hand"}
+    response = await api.post("/v1/updates/shop/5/park", park)
+    assert response.json() == {"parked": False}
+    response = await api.post("/v1/updates/shop/5/park", {**park, "destination": "analytics"})
+    assert response.json() == {"parked": True}
+    # Acknowledging that exhaustion takes its destination too.
+    acknowledge = {**wire(paying.identity), "destination": "payments"}
+    response = await api.post(
+        "/v1/exhaustions/acknowledge", {**acknowledge, "destination": "default"}
+    )
+    assert response.json() == {"acknowledged": False}
+    response = await api.post("/v1/exhaustions/acknowledge", acknowledge)
+    assert response.json() == {"acknowledged": True}
 
 
 async def test_an_update_not_recorded_is_404(api: Api) -> None:

@@ -314,5 +314,8 @@ def test_the_demo_s_send_line_delivers_the_sample_update_and_the_log_shows_its_j
     assert scrape is not None
     name, _, value = scrape.group(1).partition(": ")
     metrics = httpx.get(scrape.group(2), headers={name: value}).text
-    assert 'telegram_intake_attempts_total{bot="default",outcome="completed"} 1.0' in metrics
+    assert (
+        'telegram_intake_attempts_total{bot="default",destination="default",'
+        'outcome="completed"} 1.0' in metrics
+    )
     assert 'telegram_intake_webhook_requests_total{bot="default",result="accepted"} 1.0' in metrics

@@ -142,6 +142,12 @@ async def test_a_failing_destination_holds_none_of_the_others_and_exhausts_on_it
             return downstream.exhaustions
 
         (record,) = await eventually(exhausted)
+
+        def acknowledged() -> bool:
+            found = table_rows(url, "destination", "acknowledged_at", table=DELIVERIES)
+            return ("payments", None) not in found
+
+        await eventually(acknowledged)  # once the receiver took it
     exhaustion = json.loads(record.body)
     assert (exhaustion["bot"], exhaustion["destination"], exhaustion["update_id"]) == (
         "shop", "payments", 1)  # fmt: skip

@@ -321,7 +321,10 @@ async def test_a_worker_serves_health_and_its_own_metrics_on_its_port(
             scraped = await client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
             assert (await client.get("/telegram/default")).status_code == 404  # no intake here
         assert scraped.status_code == 200
-        counted = 'telegram_intake_attempts_total{bot="default",outcome="completed"} 1.0'
+        counted = (
+            'telegram_intake_attempts_total{bot="default",destination="default",'
+            'outcome="completed"} 1.0'
+        )
         assert counted in scraped.text
         worker.signal(signal.SIGTERM)
         assert worker.popen.wait(timeout=30) == 0, worker.report()

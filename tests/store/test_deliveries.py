@@ -247,20 +247,41 @@ async def test_each_transition_of_a_delivery_compares_its_destination_too(
         await store.close()
 
 
-async def test_a_paused_destination_starts_no_attempt(
+async def test_a_destination_has_controls_of_its_own_and_the_bot_s_pause_holds_them_all(
     storage: Storage,
 ) -> None:
     store = await open_store(storage.url())
     try:
-        await store.add_many([_update(1, DEFAULT, PAYMENTS)])
-        controls = store.destinations_table
-        assert controls is not None
-        async with store.engine.begin() as connection:
-            await connection.execute(
-                controls.insert().values(bot="shop", destination="payments", paused_at=1)
-            )
+        await store.add_many([_update(1, DEFAULT, PAYMENTS, ANALYTICS)])
+        assert await store.pause("shop", at=1, by="ops", reason="refunds", destination="payments")
+        assert not await store.pause("shop", at=2, by="ops", destination="payments")  # kept
         assert await store.claim_next_owned(**CLAIM, destination="payments") == []
         assert len(await store.claim_next_owned(**CLAIM)) == 1  # default's is not paused
+        await store.pause("shop", at=3, by="ops", reason="the bot's pause holds them all")
+        assert await store.claim_next_owned(**CLAIM, destination="analytics") == []
+        await store.resume("shop", at=4, by="ops")
+        assert len(await store.claim_next_owned(**CLAIM, destination="analytics")) == 1
+        assert await store.claim_next_owned(**CLAIM, destination="payments") == []
+        assert await store.resume("shop", at=5, by="ops", destination="payments")
+        (taken,) = await store.claim_next_owned(**CLAIM, destination="payments")
+        # A rate limit and a breaker of its own, beside the bot's (default's).
+        await store.set_rate_limit("shop", 2.0, at=6, by="ops", destination="payments")
+        assert await store.take_tokens("shop", 5, now=1_006, destination="payments") == 2
+        assert await store.take_tokens("shop", 5, now=1_006) == 5  # default: no limit
+        await store.report_breaker("shop", "open", at=7, destination="payments")
+        (own,) = await store.bot_controls(["shop"], destinations=True)
+        assert (own.destination, own.paused, own.rate_per_second, own.breaker) == (
+            "payments", False, 2.0, "open")  # fmt: skip
+        (bots,) = await store.bot_controls(["shop"])
+        assert (bots.destination, bots.rate_per_second, bots.breaker) == ("default", None, None)
+        # Park ends that delivery alone, as an exhaustion of its own.
+        assert await store.park(taken.identity, at=2_100, by="ops", reason="refund by hand")
+        deliveries = await _deliveries(store)
+        assert deliveries[(1, "payments")].state == "abandoned"
+        assert deliveries[(1, "payments")].exhausted_at == 2_100
+        assert deliveries[(1, "analytics")].state == "processing"
+        with pytest.raises(ValueError, match="not a destination name"):
+            await store.pause("shop", at=8, by="ops", destination="No")
     finally:
         await store.close()
 

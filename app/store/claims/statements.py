@@ -54,12 +54,14 @@ from app.store.types import ClaimIdentity, Ordering
 
 def unpaused(t: Table) -> ColumnElement[bool]:
     """No claim starts an attempt of a paused bot (revision 0004's `_bots`; below it no bot
-    is ever paused), nor of a paused destination on the deliveries table (revision 0010's
-    `_destinations`). Part of every claim's WHERE, so a pause binds every process the moment
-    it commits."""
+    is ever paused), nor on the deliveries table (revision 0010) of a paused bot or a paused
+    destination (`_destinations`). Part of every claim's WHERE, so a pause binds every
+    process the moment it commits."""
     if beside_deliveries(t):
-        controls = t.metadata.tables[destinations_table_name(updates_of(t).name)]
-        return ~control.paused(t, controls)
+        updates = updates_of(t).name
+        controls = t.metadata.tables[destinations_table_name(updates)]
+        bot_rows = t.metadata.tables[bots_table_name(updates)]
+        return ~control.paused(t, bot_rows) & ~control.paused(t, controls)  # the bot's too
     bots = t.metadata.tables.get(bots_table_name(t.name))
     return true() if bots is None else ~control.paused(t, bots)
 

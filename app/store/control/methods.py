@@ -7,19 +7,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import Table
+
 from app.store import history, outbox, validate
 from app.store.control import statements as control
 from app.store.core import SqlCore, check_actor, check_identity, check_reason
 from app.store.operator_types import BotControl
-from app.store.types import ClaimIdentity
+from app.store.types import DEFAULT_DESTINATION, ClaimIdentity
 
 
 class ControlMethods(SqlCore):
-    async def bot_controls(self, bots: Sequence[str] | None = None) -> list[BotControl]:
+    def _controls(self, feature: str, destination: str) -> tuple[Table, str | None]:
+        """Where the controls of `destination` are: the bot's row of `_bots` for `default`
+        (a bot's pause holds every destination), its own row of `_destinations` (revision
+        0010) for any other; with the key's destination (None in `_bots`)."""
+        table, _, _ = self._operator_tables(feature)
+        if destination == DEFAULT_DESTINATION:
+            return table, None
+        validate.destination_name(destination)
+        beside = self._needing(self.destinations_table, f"destination {destination!r}", "0010")
+        return beside, destination
+
+    async def bot_controls(
+        self, bots: Sequence[str] | None = None, *, destinations: bool = False
+    ) -> list[BotControl]:
         """The controls of these bots (every bot with a row, when None), in bot order; a bot
-        never paused nor limited has defaults."""
+        never paused nor limited has defaults. With `destinations`, those of their
+        destinations beside `default` that have a row (revision 0010) instead."""
         table, _, _ = self._operator_tables("bot_controls")
         names = None if bots is None else [validate.bot_name(bot) for bot in bots]
+        if destinations:
+            if self.destinations_table is None:
+                return []
+            statement = control.bot_controls(self.destinations_table, names)
+            async with self._read() as connection:
+                return [_control(row) for row in (await connection.execute(statement)).all()]
         async with self._read() as connection:
             rows = (await connection.execute(control.bot_controls(table, names))).all()
         found = {row.bot: _control(row) for row in rows}
@@ -27,51 +49,80 @@ class ControlMethods(SqlCore):
             return list(found.values())
         return [found.get(name, BotControl(name)) for name in sorted(set(names))]
 
-    async def pause(self, bot: str, *, at: int, by: str, reason: str | None = None) -> bool:
-        """Pause `bot`: from this commit no claim of any process starts an attempt for it
+    async def pause(
+        self,
+        bot: str,
+        *,
+        at: int,
+        by: str,
+        reason: str | None = None,
+        destination: str = DEFAULT_DESTINATION,
+    ) -> bool:
+        """Pause `bot` (every destination of it), or with `destination` beside `default` that
+        destination alone: from this commit no claim of any process starts an attempt for it
         (attempts in flight finish); its updates are still recorded. True when this call
         paused it; a bot already paused keeps its first pause (and nothing is recorded)."""
-        table, _, _ = self._operator_tables("pause")
+        table, key = self._controls("pause", destination)
         bot, at, by = validate.bot_name(bot), validate.millis("at", at), check_actor(by)
         reason = check_reason(reason)
-        statement = control.pause(table, self._backend.upsert, bot=bot, at=at, by=by, reason=reason)
+        statement = control.pause(
+            table, self._backend.upsert, bot=bot, at=at, by=by, reason=reason, destination=key
+        )
+        target = _target(bot, key)
         async with self.transaction() as connection:
             row = (await connection.execute(statement)).one()
             paused = bool(row.paused_at == at and row.paused_by == by)
             if paused:
                 detail = None if reason is None else {"reason": reason}
                 await self._record(
-                    connection, at=at, by=by, action="pause", target=bot, bots=[bot], detail=detail
+                    connection,
+                    at=at,
+                    by=by,
+                    action="pause",
+                    target=target,
+                    bots=[bot],
+                    detail=detail,
                 )
-                data = {"bot": bot, "by": by, "reason": reason, "paused_at": at}
+                data = {"bot": bot, **_named(key), "by": by, "reason": reason, "paused_at": at}
                 await self._emit(connection, [outbox.Made("bot.paused", at, data)])
         return paused
 
-    async def resume(self, bot: str, *, at: int, by: str) -> bool:
-        """Resume a paused bot and wake the workers of every process; False (nothing
-        recorded) when it was not paused."""
-        table, _, _ = self._operator_tables("resume")
+    async def resume(
+        self, bot: str, *, at: int, by: str, destination: str = DEFAULT_DESTINATION
+    ) -> bool:
+        """Resume a paused bot (or its paused `destination`) and wake the workers of every
+        process; False (nothing recorded) when it was not paused."""
+        table, key = self._controls("resume", destination)
         bot, at, by = validate.bot_name(bot), validate.millis("at", at), check_actor(by)
+        statement = control.resume(table, bot=bot, destination=key)
         async with self.transaction() as connection:
-            resumed = (await connection.execute(control.resume(table, bot=bot))).first()
+            resumed = (await connection.execute(statement)).first()
             if resumed is not None:
                 await self._record(
-                    connection, at=at, by=by, action="resume", target=bot, bots=[bot]
+                    connection, at=at, by=by, action="resume", target=_target(bot, key), bots=[bot]
                 )
-                data = {"bot": bot, "by": by, "resumed_at": at}
+                data = {"bot": bot, **_named(key), "by": by, "resumed_at": at}
                 await self._emit(connection, [outbox.Made("bot.resumed", at, data)])
         if resumed is not None:
             await self.announce()
         return resumed is not None
 
-    async def set_rate_limit(self, bot: str, per_second: float | None, *, at: int, by: str) -> None:
-        """At most `per_second` attempts start per second for `bot`, across every process
-        (None lifts the limit). The limit's bucket starts empty."""
-        table, _, _ = self._operator_tables("set_rate_limit")
+    async def set_rate_limit(
+        self,
+        bot: str,
+        per_second: float | None,
+        *,
+        at: int,
+        by: str,
+        destination: str = DEFAULT_DESTINATION,
+    ) -> None:
+        """At most `per_second` attempts start per second for `bot`'s `destination`, across
+        every process (None lifts the limit). The limit's bucket starts empty."""
+        table, key = self._controls("set_rate_limit", destination)
         bot, at, by = validate.bot_name(bot), validate.millis("at", at), check_actor(by)
         rate = validate.rate("per_second", per_second)
         statement = control.set_rate_limit(
-            table, self._backend.upsert, bot=bot, per_second=rate, at=at
+            table, self._backend.upsert, bot=bot, per_second=rate, at=at, destination=key
         )
         async with self.transaction() as connection:
             await connection.execute(statement)
@@ -80,22 +131,26 @@ class ControlMethods(SqlCore):
                 at=at,
                 by=by,
                 action="rate_limit",
-                target=bot,
+                target=_target(bot, key),
                 bots=[bot],
                 detail={"per_second": rate},
             )
         if rate is None:
             await self.announce()
 
-    async def take_tokens(self, bot: str, wanted: int, *, now: int) -> int:
-        """How many of `wanted` attempts of `bot` may start now under its rate limit, taken
-        from the bucket every process shares (all of them when it has no limit). Give back
-        what was not used with `return_tokens`."""
-        table, _, _ = self._operator_tables("take_tokens")
+    async def take_tokens(
+        self, bot: str, wanted: int, *, now: int, destination: str = DEFAULT_DESTINATION
+    ) -> int:
+        """How many of `wanted` attempts of `bot`'s `destination` may start now under its
+        rate limit, taken from the bucket every process shares (all of them when it has no
+        limit). Give back what was not used with `return_tokens`."""
+        table, key = self._controls("take_tokens", destination)
         bot, now = validate.bot_name(bot), validate.millis("now", now)
         wanted = validate.positive("wanted", wanted)
         async with self.transaction() as connection:
-            row = (await connection.execute(control.bucket(table, bot=bot))).first()
+            row = (
+                await connection.execute(control.bucket(table, bot=bot, destination=key))
+            ).first()
             if row is None:
                 return wanted
             rate = float(row.rate_per_second)
@@ -107,54 +162,71 @@ class ControlMethods(SqlCore):
             elapsed = refilled - int(row.refilled_at)
             tokens = min(max(rate, 1.0), float(row.tokens) + elapsed * rate / 1000)
             granted = min(wanted, int(tokens))
-            spend = control.spend_tokens(table, bot=bot, tokens=tokens - granted, at=refilled)
+            spend = control.spend_tokens(
+                table, bot=bot, tokens=tokens - granted, at=refilled, destination=key
+            )
             await connection.execute(spend)
         return granted
 
-    async def return_tokens(self, bot: str, count: int) -> None:
+    async def return_tokens(
+        self, bot: str, count: int, *, destination: str = DEFAULT_DESTINATION
+    ) -> None:
         """Give back `count` tokens taken by `take_tokens` for attempts that did not start."""
-        table, _, _ = self._operator_tables("return_tokens")
+        table, key = self._controls("return_tokens", destination)
         statement = control.return_tokens(
-            table, bot=validate.bot_name(bot), count=validate.positive("count", count)
+            table,
+            bot=validate.bot_name(bot),
+            count=validate.positive("count", count),
+            destination=key,
         )
         async with self._write() as connection:
             await connection.execute(statement)
 
-    async def report_breaker(self, bot: str, state: str, *, at: int) -> None:
+    async def report_breaker(
+        self, bot: str, state: str, *, at: int, destination: str = DEFAULT_DESTINATION
+    ) -> None:
         """Record the breaker transition a worker's breaker for `bot` just made. The shared
         row going from closed (or none) to open writes breaker.opened, and from open or
         half-open to closed breaker.closed: one event a change of the shared row, however
         many workers' breakers make it."""
-        table, _, _ = self._operator_tables("report_breaker")
+        table, key = self._controls("report_breaker", destination)
         if state not in ("closed", "open", "half_open"):
             raise ValueError(f"breaker state {state!r} is not closed, open or half_open")
         bot, at = validate.bot_name(bot), validate.millis("at", at)
-        statement = control.report_breaker(table, self._backend.upsert, bot=bot, state=state, at=at)
+        upsert = self._backend.upsert
+        statement = control.report_breaker(
+            table, upsert, bot=bot, state=state, at=at, destination=key
+        )
         if self._outbox() is None:
             async with self._write() as connection:
                 await connection.execute(statement)
             return
         async with self.transaction() as connection:
-            await connection.execute(control.ensure_bot(table, self._backend.upsert, bot=bot))
-            before = (await connection.execute(control.breaker_of(table, bot=bot))).scalar()
+            await connection.execute(control.ensure_bot(table, upsert, bot=bot, destination=key))
+            held = control.breaker_of(table, bot=bot, destination=key)
+            before = (await connection.execute(held)).scalar()
             await connection.execute(statement)
             kind = control.breaker_event(before, state)
             if kind is not None:
-                await self._emit(connection, [outbox.Made(kind, at, {"bot": bot, "at": at})])
+                data = {"bot": bot, **_named(key), "at": at}
+                await self._emit(connection, [outbox.Made(kind, at, data)])
 
     async def park(self, identity: ClaimIdentity, *, at: int, by: str, reason: str) -> bool:
         """End the attempt of exactly `identity` (leased, live or lapsed, or waiting for its
         retry) as an exhaustion with `reason`, which unblocks its chat; its late settle is
         refused as any lost claim's. False (nothing changed) for any other identity."""
-        _, _, attempts = self._operator_tables("park")
+        self._operator_tables("park")
         identity, at, by = check_identity(identity), validate.millis("at", at), check_actor(by)
         text = check_reason(reason)
         if not text:
             raise ValueError("reason is required to park an update")
-        statement = control.park(self.table, identity=identity, at=at, reason=text)
+        table = self._delivery_table(identity.destination)
+        key = None if table is self.table else identity.destination
+        statement = control.park(table, identity=identity, at=at, reason=text)
         follow = None
-        if self.keeps_history:
-            follow = history.ended(attempts, identity, at=at, outcome="parked", error=text)
+        kept = self._backend.history_of(table)
+        if kept is not None:
+            follow = history.ended(kept.attempts, identity, at=at, outcome="parked", error=text)
         async with self.transaction() as connection:
             parked = await self._backend.transition(connection, statement, follow)
             if parked is not None:
@@ -167,7 +239,7 @@ class ControlMethods(SqlCore):
                     at=at,
                     by=by,
                     action="park",
-                    target=f"{identity.bot}/{identity.update_id}",
+                    target=f"{_target(identity.bot, key)}/{identity.update_id}",
                     bots=[identity.bot],
                     detail={"attempt": identity.attempt, "reason": text},
                     matched=1,
@@ -178,17 +250,28 @@ class ControlMethods(SqlCore):
         return parked is not None
 
 
+def _target(bot: str, destination: str | None) -> str:
+    """An action's target in the audit log: the bot, or bot/destination."""
+    return bot if destination is None else f"{bot}/{destination}"
+
+
+def _named(destination: str | None) -> dict[str, str]:
+    """An event's destination field, for a destination's controls (a bot's have none)."""
+    return {} if destination is None else {"destination": destination}
+
+
 def _control(row: Any) -> BotControl:
     return BotControl(
         bot=row.bot,
+        destination=getattr(row, "destination", DEFAULT_DESTINATION),
         paused_at=row.paused_at,
         paused_by=row.paused_by,
         paused_reason=row.paused_reason,
         rate_per_second=row.rate_per_second,
         breaker=row.breaker,
         breaker_at=row.breaker_at,
-        webhook_pending=row.webhook_pending,
-        webhook_error_date=row.webhook_error_date,
-        webhook_error_message=row.webhook_error_message,
-        webhook_checked_at=row.webhook_checked_at,
+        webhook_pending=getattr(row, "webhook_pending", None),
+        webhook_error_date=getattr(row, "webhook_error_date", None),
+        webhook_error_message=getattr(row, "webhook_error_message", None),
+        webhook_checked_at=getattr(row, "webhook_checked_at", None),
     )

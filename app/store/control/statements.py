@@ -13,6 +13,7 @@ from sqlalchemy import (
     Select,
     Table,
     Update,
+    and_,
     case,
     literal,
     select,
@@ -22,25 +23,66 @@ from sqlalchemy import (
 from app.store.predicates import Upsert, identity_is, in_state, transition_returning
 from app.store.types import ClaimIdentity
 
+# The controls of a bot are its row of `_bots` (its pause, and destination `default`'s rate
+# limit and breaker); a destination beside `default` has its row of `_destinations` (revision
+# 0010), keyed (bot, destination). Every statement below takes either table, and the row's key.
 
-def _upsert(bots: Table, upsert: Upsert, row: dict[str, Any], changes: dict[str, Any]) -> Insert:
-    insert = upsert(bots)
-    statement: Insert = insert.values(row).on_conflict_do_update(
-        index_elements=[bots.c.bot], set_=changes
+
+def _key(controls: Table, bot: str, destination: str | None) -> dict[str, Any]:
+    """The row's key columns: a destination's only in `_destinations`."""
+    if "destination" in controls.c:
+        if destination is None:
+            raise ValueError("a destination's controls need its name")
+        return {"bot": bot, "destination": destination}
+    return {"bot": bot}
+
+
+def _is(controls: Table, bot: str, destination: str | None) -> ColumnElement[bool]:
+    return and_(
+        *(controls.c[name] == value for name, value in _key(controls, bot, destination).items())
     )
+
+
+def _upsert(
+    bots: Table,
+    upsert: Upsert,
+    row: dict[str, Any],
+    changes: dict[str, Any],
+) -> Insert:
+    insert = upsert(bots)
+    index = [bots.c.bot, *([bots.c.destination] if "destination" in bots.c else [])]
+    statement: Insert = insert.values(row).on_conflict_do_update(index_elements=index, set_=changes)
     return statement
 
 
 def bot_controls(bots: Table, names: Sequence[str] | None) -> Select[Any]:
-    statement = select(bots).order_by(bots.c.bot)
+    """The rows of these bots (every one, with None); in `_destinations`, of each of their
+    destinations."""
+    keys = [bots.c.bot, *([bots.c.destination] if "destination" in bots.c else [])]
+    statement = select(bots).order_by(*keys)
     return statement if names is None else statement.where(bots.c.bot.in_(list(names)))
 
 
-def pause(bots: Table, upsert: Upsert, *, bot: str, at: int, by: str, reason: str | None) -> Insert:
-    """Pause `bot` unless it is paused already (a second pause keeps the first's time, key and
-    reason); RETURNING its pause, to tell whether this call paused it."""
+def pause(
+    bots: Table,
+    upsert: Upsert,
+    *,
+    bot: str,
+    at: int,
+    by: str,
+    reason: str | None,
+    destination: str | None = None,
+) -> Insert:
+    """Pause `bot` (or its `destination`) unless it is paused already (a second pause keeps
+    the first's time, key and reason); RETURNING its pause, to tell whether this call paused
+    it."""
     b = bots.c
-    row = {"bot": bot, "paused_at": at, "paused_by": by, "paused_reason": reason}
+    row = {
+        **_key(bots, bot, destination),
+        "paused_at": at,
+        "paused_by": by,
+        "paused_reason": reason,
+    }
     kept = {
         name: case((b.paused_at.is_(None), literal(value)), else_=b[name])
         for name, value in (("paused_at", at), ("paused_by", by), ("paused_reason", reason))
@@ -48,49 +90,58 @@ def pause(bots: Table, upsert: Upsert, *, bot: str, at: int, by: str, reason: st
     return _upsert(bots, upsert, row, kept).returning(b.paused_at, b.paused_by)
 
 
-def resume(bots: Table, *, bot: str) -> Update:
+def resume(bots: Table, *, bot: str, destination: str | None = None) -> Update:
     b = bots.c
     return (
         update(bots)
-        .where(b.bot == bot, b.paused_at.is_not(None))
+        .where(_is(bots, bot, destination), b.paused_at.is_not(None))
         .values(paused_at=None, paused_by=None, paused_reason=None)
         .returning(b.bot)
     )
 
 
 def set_rate_limit(
-    bots: Table, upsert: Upsert, *, bot: str, per_second: float | None, at: int
+    bots: Table,
+    upsert: Upsert,
+    *,
+    bot: str,
+    per_second: float | None,
+    at: int,
+    destination: str | None = None,
 ) -> Insert:
     """Set (or, with None, lift) the limit; the bucket starts empty at `at`, so a new limit
     never lets a burst through."""
-    row = {"bot": bot, "rate_per_second": per_second, "tokens": 0.0, "refilled_at": at}
+    key = _key(bots, bot, destination)
+    row = {**key, "rate_per_second": per_second, "tokens": 0.0, "refilled_at": at}
     changes = {"rate_per_second": per_second, "tokens": 0.0, "refilled_at": at}
     return _upsert(bots, upsert, row, changes).returning(bots.c.bot)
 
 
-def bucket(bots: Table, *, bot: str) -> Select[Any]:
+def bucket(bots: Table, *, bot: str, destination: str | None = None) -> Select[Any]:
     """The rate limiter's row, locked for the rest of the transaction (FOR UPDATE on
     PostgreSQL; SQLite's transaction holds the one write lock already)."""
     b = bots.c
     return (
         select(b.rate_per_second, b.tokens, b.refilled_at)
-        .where(b.bot == bot, b.rate_per_second.is_not(None))
+        .where(_is(bots, bot, destination), b.rate_per_second.is_not(None))
         .with_for_update()
     )
 
 
-def spend_tokens(bots: Table, *, bot: str, tokens: float, at: int) -> Update:
-    return update(bots).where(bots.c.bot == bot).values(tokens=tokens, refilled_at=at)
+def spend_tokens(
+    bots: Table, *, bot: str, tokens: float, at: int, destination: str | None = None
+) -> Update:
+    return update(bots).where(_is(bots, bot, destination)).values(tokens=tokens, refilled_at=at)
 
 
-def return_tokens(bots: Table, *, bot: str, count: int) -> Update:
+def return_tokens(bots: Table, *, bot: str, count: int, destination: str | None = None) -> Update:
     """Give back tokens taken for attempts that did not start (never over a second's worth)."""
     b = bots.c
     full = capacity(bots)
     refunded = b.tokens + count
     return (
         update(bots)
-        .where(b.bot == bot, b.rate_per_second.is_not(None))
+        .where(_is(bots, bot, destination), b.rate_per_second.is_not(None))
         .values(tokens=case((refunded > full, full), else_=refunded))
     )
 
@@ -101,21 +152,32 @@ def capacity(bots: Table) -> ColumnElement[float]:
     return case((rate > 1.0, rate), else_=literal(1.0))
 
 
-def report_breaker(bots: Table, upsert: Upsert, *, bot: str, state: str, at: int) -> Insert:
-    row = {"bot": bot, "breaker": state, "breaker_at": at}
+def report_breaker(
+    bots: Table,
+    upsert: Upsert,
+    *,
+    bot: str,
+    state: str,
+    at: int,
+    destination: str | None = None,
+) -> Insert:
+    row = {**_key(bots, bot, destination), "breaker": state, "breaker_at": at}
     return _upsert(bots, upsert, row, {"breaker": state, "breaker_at": at})
 
 
-def ensure_bot(bots: Table, upsert: Upsert, *, bot: str) -> Insert:
-    """The bot's row, made with defaults if it has none (so that it can be locked)."""
+def ensure_bot(bots: Table, upsert: Upsert, *, bot: str, destination: str | None = None) -> Insert:
+    """The bot's (or destination's) row, made with defaults if it has none (so that it can be
+    locked)."""
     insert = upsert(bots)
-    statement: Insert = insert.values(bot=bot).on_conflict_do_nothing(index_elements=[bots.c.bot])
+    key = _key(bots, bot, destination)
+    index = [bots.c[name] for name in key]
+    statement: Insert = insert.values(key).on_conflict_do_nothing(index_elements=index)
     return statement
 
 
-def breaker_of(bots: Table, *, bot: str) -> Select[Any]:
+def breaker_of(bots: Table, *, bot: str, destination: str | None = None) -> Select[Any]:
     """The shared breaker state, locked for the transaction that changes it."""
-    return select(bots.c.breaker).where(bots.c.bot == bot).with_for_update()
+    return select(bots.c.breaker).where(_is(bots, bot, destination)).with_for_update()
 
 
 def breaker_event(

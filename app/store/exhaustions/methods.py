@@ -71,8 +71,10 @@ class ExhaustionMethods(SqlCore):
         limit: int,
         after: tuple[str, int] | None = None,
         bots: Sequence[str] | None = None,
+        destination: str = DEFAULT_DESTINATION,
     ) -> list[Exhaustion]:
         self.require("durable", "due_exhaustions")
+        table = self._delivery_table(destination)
         if after is not None:
             if not isinstance(after, tuple) or len(after) != 2:
                 raise ValueError(f"after {after!r} is not a (bot, update_id) cursor")
@@ -81,7 +83,11 @@ class ExhaustionMethods(SqlCore):
         if names == []:
             return []
         statement = exhaustions.due_exhaustions(
-            self.table, limit=validate.positive("limit", limit), after=after, bots=names
+            table,
+            limit=validate.positive("limit", limit),
+            after=after,
+            bots=names,
+            destination=None if table is self.table else destination,
         )
         async with self._read() as connection:
             rows = (await connection.execute(statement)).all()

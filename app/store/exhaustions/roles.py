@@ -25,8 +25,10 @@ class Exhaustions(Protocol):
         limit: int,
         after: tuple[str, int] | None = None,
         bots: Sequence[str] | None = None,
+        destination: str = DEFAULT_DESTINATION,
     ) -> list[Exhaustion]:
-        """Unacknowledged exhaustions after the cursor `(bot, update_id)`, in key order."""
+        """Unacknowledged exhaustions of deliveries to `destination` after the cursor
+        `(bot, update_id)`, in key order."""
         ...
 
     async def take_exhaustions(

@@ -114,9 +114,16 @@ def _exhaustion_columns(t: Table) -> tuple[ColumnElement[Any], ...]:
 
 
 def due_exhaustions(
-    t: Table, *, limit: int, after: tuple[str, int] | None, bots: Sequence[str] | None
+    t: Table,
+    *,
+    limit: int,
+    after: tuple[str, int] | None,
+    bots: Sequence[str] | None,
+    destination: str | None = None,
 ) -> Select[Any]:
-    statement = select(*_exhaustion_columns(t)).where(unacknowledged(t))
+    """A page of open exhaustions in key order (on the deliveries table, `destination`'s)."""
+    mine = for_destination(t, destination)
+    statement = select(*_exhaustion_columns(t)).where(unacknowledged(t), mine)
     if after is not None:
         statement = statement.where(tuple_(t.c.bot, t.c.update_id) > tuple_(*after))
     if bots is not None:

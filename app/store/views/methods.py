@@ -19,7 +19,7 @@ from app.store.operator_types import (
     SearchPage,
     UpdateFilter,
 )
-from app.store.types import BotStats, StoredUpdate
+from app.store.types import BotStats, StoredDelivery, StoredUpdate
 from app.store.views import statements as views
 
 _UNDELIVERED = ("pending", "processing", "failed")
@@ -33,15 +33,20 @@ MAX_SLOTS = 10_000  # an activity query's slots (a day by the minute is 1,440)
 
 class ViewMethods(SqlCore):
     async def get_update(self, bot: str, update_id: int) -> StoredUpdate | None:
-        """The row of `(bot, update_id)` as it stands, or None."""
-        statement = views.get_update(
-            self.table, bot=validate.bot_name(bot), update_id=validate.update_id(update_id)
-        )
+        """The row of `(bot, update_id)` as it stands, with its deliveries beside it (revision
+        0010), or None."""
+        bot, update_id = validate.bot_name(bot), validate.update_id(update_id)
+        statement = views.get_update(self.table, bot=bot, update_id=update_id)
         async with self._read() as connection:
             row = (await connection.execute(statement)).first()
+            beside = []
+            if row is not None and self.deliveries_table is not None:
+                listed = views.deliveries_of(self.deliveries_table, bot=bot, update_id=update_id)
+                beside = (await connection.execute(listed)).all()
         if row is None:
             return None
         fields: dict[str, Any] = dict(row._mapping)
+        fields["deliveries"] = tuple(self._delivery(delivery) for delivery in beside)
         fields["body"], unreadable = self._body_or_why(row)
         if fields.get("erased_at") is not None:
             fields["body"] = None  # erased by retention: the row stays, its body does not
@@ -52,6 +57,10 @@ class ViewMethods(SqlCore):
             fields["error"] = self._error(row)
         chosen: dict[str, Any] = {n: fields.get(n) for n in StoredUpdate.__dataclass_fields__}
         return StoredUpdate(**chosen)
+
+    def _delivery(self, row: Any) -> StoredDelivery:
+        names = StoredDelivery.__dataclass_fields__
+        return StoredDelivery(**{n: getattr(row, n) for n in names} | {"error": self._error(row)})
 
     def _summary(self, row: Any) -> StoredUpdate:
         fields = {name: getattr(row, name) for name in views.SUMMARY}

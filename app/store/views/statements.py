@@ -32,6 +32,11 @@ def get_update(t: Table, *, bot: str, update_id: int) -> Select[Any]:
     return select(t).where(key_is(t, bot, update_id))
 
 
+def deliveries_of(d: Table, *, bot: str, update_id: int) -> Select[Any]:
+    """The deliveries beside one update's row (revision 0010), in destination order."""
+    return select(d).where(d.c.bot == bot, d.c.update_id == update_id).order_by(d.c.destination)
+
+
 def stats(t: Table) -> Select[Any]:
     """Per bot and state: rows, the oldest receipt, and (revision 0002) open exhaustions."""
     columns: list[Any] = [

@@ -164,6 +164,20 @@ class ExhaustionPage(Message):
     next: str | None = Field(description="pass as `after` for the next page; null at the end")
 
 
+class DeliveryView(Message):
+    """A delivery beside the update's row, to one destination other than `default`."""
+
+    destination: DestinationName
+    state: Literal["pending", "processing", "completed", "failed", "abandoned"]
+    attempts: int
+    due_at: EpochMillis
+    settled_at: EpochMillis | None
+    error: str | None
+    claim_id: str | None
+    exhausted_at: EpochMillis | None
+    acknowledged_at: EpochMillis | None
+
+
 class UpdateView(Message):
     bot: BotName
     update_id: UpdateId
@@ -180,6 +194,9 @@ class UpdateView(Message):
     acknowledged_at: EpochMillis | None
     # When retention erased its body (the row stays); None before, or below revision 0009.
     erased_at: EpochMillis | None = None
+    # Its deliveries to the bot's other destinations; the row's own fields are `default`'s
+    # (its state `unrouted` when the update does not go to `default`).
+    deliveries: list[DeliveryView] = []
 
 
 class BotCounts(Message):
