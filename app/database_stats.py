@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from app.metric_labels import OTHER_BOTS, PREFIX
 from app.store import BotControl, BotStats, OperatorStore, StoreError
-from app.store.types import STATES
+from app.store.types import DELIVERY_STATES, STATES
 
 __all__ = ["DatabaseStats"]
 
@@ -42,6 +42,7 @@ class DatabaseStats(Collector):
         self._store: OperatorStore | None = None
         self._now: Callable[[], int] = lambda: time.time_ns() // 1_000_000
         self._rows: list[BotStats] | None = None  # None: the last query failed
+        self._deliveries: list[BotStats] = []  # beside the rows, by destination (0010)
         self._controls: list[BotControl] = []  # what the webhook watch saw (revision 0004)
         self._query_seconds = 0.0
         self._taken_at = -math.inf  # monotonic
@@ -83,7 +84,7 @@ class DatabaseStats(Collector):
             self._rows = None
             return
         try:
-            self._rows, self._controls, self._query_seconds = query.result()
+            self._rows, self._deliveries, self._controls, self._query_seconds = query.result()
         except StoreError as error:
             log.warning("metrics: no stats from the database: %s", error)
             self._rows = None
@@ -96,7 +97,7 @@ class DatabaseStats(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = _families()
-        rows, exhaustions, oldest, up, seconds, pending, error_date = families
+        rows, exhaustions, oldest, up, seconds, pending, error_date, *beside = families
         stats = self._rows
         up.add_metric([], 0 if stats is None else 1)
         if stats is not None:
@@ -111,6 +112,7 @@ class DatabaseStats(Collector):
                     exhaustions.add_metric([bot], counts.exhaustions)
                 age = 0 if counts.oldest is None else max(0, now - counts.oldest) / 1000
                 oldest.add_metric([bot], age)
+            _report_deliveries(self._deliveries, self._bots, now, *beside)
             for control in self._controls:
                 if control.bot not in self._bots or control.webhook_checked_at is None:
                     continue
@@ -153,7 +155,43 @@ def _families() -> tuple[GaugeMetricFamily, ...]:
             " last_error_date); 0 when it reports none.",
             labels=["bot"],
         ),
+        GaugeMetricFamily(
+            PREFIX + "deliveries",
+            "Deliveries to a bot's destinations other than default, by state (revision 0010).",
+            labels=["bot", "destination", "state"],
+        ),
+        GaugeMetricFamily(
+            PREFIX + "delivery_unacknowledged_exhaustions",
+            "Exhaustions of deliveries to a destination other than default, not yet acknowledged.",
+            labels=["bot", "destination"],
+        ),
+        GaugeMetricFamily(
+            PREFIX + "delivery_oldest_undelivered_age_seconds",
+            "Age of the oldest pending, processing or failed delivery to a destination other"
+            " than default; 0 when there is none.",
+            labels=["bot", "destination"],
+        ),
     )
+
+
+def _report_deliveries(
+    stats: Iterable[BotStats],
+    bots: tuple[str, ...],
+    now: int,
+    rows: GaugeMetricFamily,
+    exhaustions: GaugeMetricFamily,
+    oldest: GaugeMetricFamily,
+) -> None:
+    """The deliveries' gauges, per configured bot and destination that has any."""
+    for row in stats:
+        if row.bot not in bots:
+            continue
+        labels = [row.bot, row.destination]
+        for state in DELIVERY_STATES:
+            rows.add_metric([*labels, state], row.states.get(state, 0))
+        exhaustions.add_metric(labels, row.unacknowledged_exhaustions or 0)
+        age = row.oldest_undelivered_at
+        oldest.add_metric(labels, 0 if age is None else max(0, now - age) / 1000)
 
 
 @dataclass
@@ -178,15 +216,16 @@ def _by_bot(stats: Iterable[BotStats], bots: tuple[str, ...]) -> dict[str, _Coun
     return merged
 
 
-_Answer = tuple[list[BotStats], list[BotControl], float]
+_Answer = tuple[list[BotStats], list[BotStats], list[BotControl], float]
 
 
 async def _timed_stats(store: OperatorStore) -> _Answer:
     started = time.perf_counter()
     rows = await store.stats()
+    deliveries = await store.stats(deliveries=True)
     # The bots' controls (what the webhook watch saw) stand beside the table from 0004.
     controls = await store.bot_controls() if store.capability == "durable" else []
-    return rows, controls, time.perf_counter() - started
+    return rows, deliveries, controls, time.perf_counter() - started
 
 
 def _retrieve(query: asyncio.Task[_Answer]) -> None:

@@ -26,8 +26,9 @@ from app.config import Settings
 from app.http.connection_limits import ConnectionLimits
 from app.main import create_app
 from app.metrics import Metrics
-from app.store import open_store
+from app.store import NewUpdate, open_store
 from app.store.engine import create_sync_engine
+from app.store.types import Route
 from tests.api.conftest import API_KEYS, CALLBACK_KEY, OPERATIONS_KEY, SHOP_KEY
 from tests.conftest import Storage, rename_table, serve_asgi, table_rows
 from tests.downstream import (
@@ -39,6 +40,7 @@ from tests.downstream import (
     eventually,
     hang,
     message,
+    now_ms,
     ok,
     settings_for,
 )
@@ -138,6 +140,10 @@ async def test_webhook_requests_are_counted_by_bot_and_result(storage: Storage) 
         store = await open_store(url)
         try:  # a row of a bot this process does not serve
             assert await store.add("legacy", 9, message(9), 0)
+            # Deliveries beside a row (revision 0010), as the intake records them for a bot
+            # with destinations: one to payments, pending.
+            routes = (Route("payments"),)
+            await store.add_many([NewUpdate("shop", 7, message(7), now_ms(), routes=routes)])
         finally:
             await store.close()
         scrape = await service.scrape()
@@ -162,6 +168,12 @@ async def test_webhook_requests_are_counted_by_bot_and_result(storage: Storage) 
     assert scrape("database_up") == 1
     assert_rows_match_table(scrape, url, ("shop", "news"))
     assert scrape("rows", bot="shop", state="pending") == 1
+    assert scrape("rows", bot="shop", state="unrouted") == 1  # 7: not default's
+    assert scrape("deliveries", bot="shop", destination="payments", state="pending") == 1
+    assert scrape("deliveries", bot="shop", destination="payments", state="failed") == 0
+    assert scrape("delivery_unacknowledged_exhaustions", bot="shop", destination="payments") == 0
+    oldest = scrape("delivery_oldest_undelivered_age_seconds", bot="shop", destination="payments")
+    assert 0 <= oldest < 60
     assert scrape("rows", bot="(other)", state="pending") == 1  # legacy's row
     assert scrape("unacknowledged_exhaustions", bot="shop") == 0
     assert 0 <= scrape("oldest_undelivered_age_seconds", bot="shop") < 60

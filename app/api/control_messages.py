@@ -119,9 +119,14 @@ class Filter(Message):
     error_contains: Text | None = None
     exhausted_after: Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT)] | None = None
     exhausted_before: Annotated[StrictInt, Field(ge=0, le=MAX_BIGINT)] | None = None
+    destination: DestinationName = Field(
+        default=DEFAULT_DESTINATION,
+        description="whose deliveries' exhaustions: the bots' own by default",
+    )
 
     def empty(self) -> bool:
-        return not self.model_dump(exclude_none=True)
+        """No criterion narrows it (a destination chooses where, not which)."""
+        return not self.model_dump(exclude_none=True, exclude={"destination"})
 
     def within(self, bots: Iterable[str] | None) -> ExhaustionFilter:
         """These criteria as the store takes them, bounded to `bots` (None: every bot)."""

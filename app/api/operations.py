@@ -9,12 +9,13 @@ from typing import Annotated, TypeVar
 from fastapi import APIRouter, HTTPException, Path, Query
 
 from app.api.deps import REFUSALS, StrictJsonRoute, Viewer
-from app.store import Exhaustion
+from app.store import BotStats, Exhaustion
 from telegram_intake_kit.wire import (
     BOT_PATTERN,
     DEFAULT_DESTINATION,
     MAX_BIGINT,
     BotCounts,
+    DestinationCounts,
     ExhaustionItem,
     ExhaustionPage,
     Identity,
@@ -80,23 +81,33 @@ async def get_update(
 
 @router.get("/stats")
 async def stats(grant: Viewer) -> Stats:
-    """Rows by bot and state, the oldest undelivered row's age, open exhaustions."""
+    """Rows by bot and state, the oldest undelivered row's age, open exhaustions; the same of
+    the bots' other destinations' deliveries (`destinations`)."""
     services = grant.services
     allowed = grant.bots(None)
     now = services.now()
     rows = await services.store.stats()
+    beside = await services.store.stats(deliveries=True)
+
+    def counts(row: BotStats) -> dict[str, object]:
+        oldest = row.oldest_undelivered_at
+        return {
+            "bot": row.bot,
+            "states": dict(row.states),
+            "oldest_undelivered_age_ms": None if oldest is None else now - oldest,
+            "unacknowledged_exhaustions": row.unacknowledged_exhaustions,
+        }
+
     return Stats(
         at=now,
         bots=[
-            BotCounts(
-                bot=row.bot,
-                states=dict(row.states),
-                oldest_undelivered_age_ms=(
-                    None if row.oldest_undelivered_at is None else now - row.oldest_undelivered_at
-                ),
-                unacknowledged_exhaustions=row.unacknowledged_exhaustions,
-            )
+            BotCounts.model_validate(counts(row))
             for row in rows
+            if allowed is None or row.bot in allowed
+        ],
+        destinations=[
+            DestinationCounts.model_validate(counts(row) | {"destination": row.destination})
+            for row in beside
             if allowed is None or row.bot in allowed
         ],
     )

@@ -15,6 +15,7 @@ from app.cli.operations import run_on_store
 from app.cli.terminal import (
     actor,
     bot_argument,
+    destination_argument,
     known_bot,
     pace_argument,
     print_json,
@@ -23,6 +24,7 @@ from app.cli.terminal import (
 )
 from app.config import Settings
 from app.store import BulkOutcome, ClaimIdentity, ExhaustionFilter, OperatorStore
+from app.store.types import DEFAULT_DESTINATION
 
 SubCommands = Any  # argparse's private _SubParsersAction
 
@@ -39,7 +41,8 @@ def _selection(
             return None
         bot, update_id, attempt, claim_id = args.identity
         try:
-            return [ClaimIdentity(bot, int(update_id), int(attempt), claim_id)]
+            identity = ClaimIdentity(bot, int(update_id), int(attempt), claim_id, args.destination)
+            return [identity]
         except ValueError as error:
             print(f"not an identity: {error}", file=sys.stderr)
             return None
@@ -54,6 +57,7 @@ def _selection(
         error_contains=args.error_contains,
         exhausted_after=args.exhausted_after,
         exhausted_before=args.exhausted_before,
+        destination=args.destination,
     )
     criteria = (args.bot, args.type, args.chat, args.error_contains)
     named = any(c is not None for c in (*criteria, args.exhausted_after, args.exhausted_before))
@@ -153,6 +157,12 @@ def _filter_arguments(parser: argparse.ArgumentParser) -> None:
         "--chat", help="of this queue key (Telegram's queue: a chat's id for its messages)"
     )
     parser.add_argument("--error-contains", help="whose error holds this text")
+    parser.add_argument(
+        "--destination",
+        type=destination_argument,
+        default=DEFAULT_DESTINATION,
+        help="the exhaustions of deliveries to one destination beside default",
+    )
     parser.add_argument(
         "--exhausted-after", type=when_argument, help="exhausted at or after (ISO/ms)"
     )

@@ -76,8 +76,11 @@ class ExhaustionFilter:
     error_contains: str | None = None
     exhausted_after: int | None = None
     exhausted_before: int | None = None
+    # Whose deliveries' exhaustions: the rows' own (`default`), or one other destination's.
+    destination: str = DEFAULT_DESTINATION
 
     def __post_init__(self) -> None:
+        validate.destination_name(self.destination)
         if self.bots is not None:
             if isinstance(self.bots, str):
                 raise ValueError("bots must be a sequence of bot names, not one string")

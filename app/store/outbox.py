@@ -76,13 +76,16 @@ EXHAUSTION_FIELDS = (
 
 def exhaustion(row: Any, *, error: str, at: int, reason: str, **more: Any) -> Made:
     """exhaustion.created for a row the transition returned (bot, update_id, attempts,
-    claim_id, update_type, queue_key, and its trace_context from revision 0007), with `more`
-    fields beside the common ones."""
+    claim_id, update_type, queue_key, and its trace_context from revision 0007; a delivery
+    beside the row also its destination), with `more` fields beside the common ones."""
     values = (
         row.bot, row.update_id, row.attempts, row.claim_id, row.update_type, row.queue_key,
         error, at, reason,
     )  # fmt: skip
     data = dict(zip(EXHAUSTION_FIELDS, values, strict=True)) | more
+    destination = getattr(row, "destination", None)  # a delivery beside the row (0010)
+    if destination is not None:
+        data["destination"] = destination
     trace = getattr(row, "trace_context", None)
     return Made("exhaustion.created", at, data, trace, (row.bot, row.update_id))
 
@@ -106,6 +109,8 @@ def spent_in_claim(events: Table, claimed: CTE, *, now: Any) -> Insert:
     )  # fmt: skip
     pairs = [part for name, value in zip(EXHAUSTION_FIELDS, values, strict=True)
              for part in (literal(name), value)]  # fmt: skip
+    if "destination" in c:  # a delivery beside the row (revision 0010), as `exhaustion` says
+        pairs += [literal("destination"), c.destination]
     data = cast(func.json_build_object(*pairs), Text)
     columns = [literal("exhaustion.created"), data, now, now]
     names = ["type", "data", "created_at", "due_at"]

@@ -321,12 +321,17 @@ def of_update(t: Table) -> list[ColumnElement[Any]]:
     each (SQLite's RETURNING admits a subquery, never a joined table)."""
     if not beside_deliveries(t):
         return [t.c.body, t.c.update_type, *traced(t)]
+    return [update_column(t, name).label(name) for name in ("body", "update_type", "trace_context")]
+
+
+def update_column(t: Table, name: str) -> ColumnElement[Any]:
+    """The update's column `name` for `t`'s row: its own, or on the deliveries table a
+    primary-key probe of the update's row."""
+    if not beside_deliveries(t):
+        return t.c[name]
     u = updates_of(t)
     key = and_(u.c.bot == t.c.bot, u.c.update_id == t.c.update_id)
-    return [
-        qualified(select(u.c[name]).where(key).scalar_subquery()).label(name)
-        for name in ("body", "update_type", "trace_context")
-    ]
+    return qualified(select(u.c[name]).where(key).scalar_subquery())
 
 
 def for_destination(t: FromClause, destination: str | None) -> ColumnElement[bool]:

@@ -209,12 +209,14 @@ class StoredUpdate:
 @dataclass(frozen=True, slots=True)
 class BotStats:
     """One bot's rows by state (`stats`): how many, the oldest undelivered receipt (pending,
-    processing or failed rows), and its open exhaustions (None on a base table)."""
+    processing or failed rows), and its open exhaustions (None on a base table); or, with
+    `stats(deliveries=True)`, one destination's deliveries beside the rows (revision 0010)."""
 
     bot: str
     states: dict[State, int]
     oldest_undelivered_at: int | None
     unacknowledged_exhaustions: int | None
+    destination: str = DEFAULT_DESTINATION
 
 
 class Route(NamedTuple):

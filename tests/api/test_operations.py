@@ -251,6 +251,14 @@ async def test_an_update_shows_its_deliveries_and_a_destination_lists_its_exhaus
     assert response.json() == {"acknowledged": False}
     response = await api.post("/v1/exhaustions/acknowledge", acknowledge)
     assert response.json() == {"acknowledged": True}
+    # Counts: the row (default's, unrouted) among the bots, each delivery by destination.
+    stats = (await api.get("/v1/stats")).json()
+    assert [(b["bot"], b["states"]) for b in stats["bots"]] == [("shop", {"unrouted": 1})]
+    assert [(d["bot"], d["destination"], d["states"]) for d in stats["destinations"]] == [
+        ("shop", "analytics", {"abandoned": 1}),
+        ("shop", "payments", {"abandoned": 1}),
+    ]
+    assert [d["unacknowledged_exhaustions"] for d in stats["destinations"]] == [1, 0]
 
 
 async def test_an_update_not_recorded_is_404(api: Api) -> None:

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from app.cli import main
-from app.store import ClaimIdentity, Completed, Failed, SqlUpdateStore, open_store
+from app.store import ClaimIdentity, Completed, Failed, NewUpdate, SqlUpdateStore, open_store
+from app.store.types import Route
 from tests.conftest import Storage
 from tests.downstream import message, now_ms
 
@@ -392,6 +393,49 @@ async def test_park_ends_the_current_attempt_as_an_exhaustion(storage: Storage) 
     (entry,) = as_json(cli(url, "audit", "--json"))
     assert (entry["key_name"], entry["action"], entry["target"]) == (ACTOR, "park", "news/2")
     assert entry["detail"] == {"attempt": live.attempt, "reason": "crashes the handler"}
+
+
+async def test_a_destination_is_paused_resumed_limited_and_parked_on_its_own(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """`--destination` (docs/destinations.md): the action is on that destination's controls
+    or delivery alone, audited as bot/destination."""
+    (tmp_path / "intake.toml").write_text(
+        CONFIG.replace(
+            'name = "shop"\nsecret_token = "shop-secret"\n',
+            'name = "shop"\nsecret_token = "shop-secret"\ndownstream_url = "http://127.0.0.1:9/"\n'
+            '[[bots.destinations]]\nname = "payments"\nurl = "http://127.0.0.1:9/"\n',
+        )
+    )
+    url = storage.url()
+    async with opened(url) as store:
+        routes = (Route("default"), Route("payments"))
+        await store.add_many([NewUpdate("shop", 1, message(1), now_ms(), routes=routes)])
+        now = now_ms()
+        claim = {"now": now, "lease_until": now + 60_000, "max_attempts": 8, "limit": 1}
+        (paying,) = await store.claim_next_owned(**claim, destination="payments")
+    paused = ok(cli(url, "pause", "shop", "--destination", "payments", "--reason", "refunds"))
+    assert "paused shop/payments" in paused.stdout
+    ok(cli(url, "rate-limit", "shop", "3", "--destination", "payments"))
+    async with opened(url) as store:
+        (own,) = await store.bot_controls(["shop"], destinations=True)
+        (bot,) = await store.bot_controls(["shop"])
+    assert (own.destination, own.paused_reason, own.rate_per_second) == ("payments", "refunds", 3)
+    assert (bot.paused, bot.rate_per_second) == (False, None)  # the bot's own: untouched
+    assert (
+        "resumed shop/payments"
+        in ok(cli(url, "resume", "shop", "--destination", "payments")).stdout
+    )
+    refused(cli(url, "pause", "shop", "--destination", "Pay Ments"), 2, "not a destination name")
+    refused(cli(url, "park", "shop", "1", "--reason", "x"), 1, "(pending)")  # default's row
+    parked = ok(cli(url, "park", "shop", "1", "--destination", "payments", "--reason", "by hand"))
+    assert f"parked shop:1 attempt {paying.identity.attempt}" in parked.stdout
+    async with opened(url) as store:
+        found = await store.get_update("shop", 1)
+    assert found is not None
+    assert [(d.destination, d.state) for d in found.deliveries] == [("payments", "abandoned")]
+    targets = [entry["target"] for entry in as_json(cli(url, "audit", "--json"))]
+    assert targets == ["shop/payments/1", "shop/payments", "shop/payments", "shop/payments"]
 
 
 # -- exhaustions redrive and ack -----------------------------------------------------------------

@@ -3,12 +3,15 @@ backends: what the intake's batch records for an update's routes."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from app.store import ClaimIdentity, Completed, Failed, NewUpdate, SchemaError, open_store
+from app.store.operator_types import ExhaustionFilter
 from app.store.store import SqlUpdateStore
 from app.store.types import Route
 from tests.conftest import Storage
@@ -300,5 +303,70 @@ async def test_a_destination_s_held_chat_is_walked_past_by_its_heads(storage: St
             assert await store.claim_next_owned(**claim, destination="payments") == []
         # default's queue is its own: its head is free.
         assert [c.identity.update_id for c in await store.claim_next_owned(**claim)] == [1, 31]
+    finally:
+        await store.close()
+
+
+async def test_a_delivery_s_exhaustion_event_names_its_destination(storage: Storage) -> None:
+    """exhaustion.created of a delivery beside the row: by a worker's exhaust, and by a claim
+    that finds its attempts spent (PostgreSQL writes that one in the claim's statement)."""
+    store = await open_store(storage.url(), events=True)
+    try:
+        await store.add_many([_update(1, PAYMENTS), _update(2, ANALYTICS, chat=8)])
+        (paying,) = await store.claim_next_owned(
+            **CLAIM, destination="payments", durable_exhaustion=True
+        )
+        assert await store.exhaust(paying.identity, 2_100, "HTTP 400")
+        lapsed = {**CLAIM, "lease_until": 2_001, "max_attempts": 1, "durable_exhaustion": True}
+        assert len(await store.claim_next_owned(**lapsed, destination="analytics")) == 1
+        spent = {**lapsed, "now": 3_000, "lease_until": 63_000}
+        assert await store.claim_next_owned(**spent, destination="analytics") == []
+        taken = await store.take_events(now=4_000, lease_until=9_000, limit=10)
+        found = [json.loads(event.payload)["data"] for event in taken]
+        assert [(d["destination"], d["update_id"], d["reason"]) for d in found] == [
+            ("payments", 1, "failed"),
+            ("analytics", 2, "spent"),
+        ]
+    finally:
+        await store.close()
+
+
+async def test_bulk_redrive_and_acknowledgement_act_on_one_destination(storage: Storage) -> None:
+    store = await open_store(storage.url())
+    try:
+        await store.add_many(
+            [_update(n, DEFAULT, PAYMENTS, chat=n) for n in (1, 2)] + [_update(3, PAYMENTS, chat=3)]
+        )
+        durable = {**CLAIM, "durable_exhaustion": True}
+        paying = {c.identity.update_id: c.identity for c in
+                  await store.claim_next_owned(**durable, destination="payments")}  # fmt: skip
+        (own, _) = [c.identity for c in await store.claim_next_owned(**durable)]
+        for identity in [*paying.values(), own]:
+            assert await store.exhaust(identity, 2_100, f"HTTP 400 for {identity.update_id}")
+        chosen = ExhaustionFilter(bots=("shop",), destination="payments")
+        dry = await store.redrive(chosen, at=3_000, by="ops", dry_run=True)
+        assert (dry.matched, dry.changed) == (3, 0)
+        assert [e.identity.destination for e in dry.sample] == ["payments"] * 3
+        assert dry.sample[0].body == _update(1, chat=1).body
+        narrow = ExhaustionFilter(update_type="message", destination="payments", chat=None)
+        done = await store.redrive(
+            dataclasses.replace(narrow, error_contains="for 2"), at=3_000, by="ops"
+        )
+        assert done.changed == 1
+        deliveries = await _deliveries(store)
+        assert (deliveries[(2, "payments")].state, deliveries[(2, "payments")].uncounted) == (
+            "failed", 1)  # fmt: skip
+        assert deliveries[(1, "payments")].state == "abandoned"
+        assert (await _rows(store))[1].state == "abandoned"  # default's: untouched
+        acknowledged = await store.acknowledge_exhaustions([paying[1], paying[3]], at=4, by="ops")
+        assert acknowledged.changed == 2
+        with pytest.raises(ValueError, match="one action per destination"):
+            await store.acknowledge_exhaustions([own, paying[1]], at=5, by="ops")
+        (entry, *_) = await store.audit_log(limit=10)
+        assert entry.target == "shop/payments"
+        later = {**durable, "now": 3_000, "lease_until": 63_000}  # due again from 3_000
+        again = await store.claim_next_owned(**later, destination="payments")
+        assert [(c.identity.update_id, c.identity.attempt, c.counted) for c in again] == [
+            (2, 2, 1)]  # fmt: skip
     finally:
         await store.close()

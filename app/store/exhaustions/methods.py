@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Row, Update, and_
+from sqlalchemy import ColumnElement, Row, Table, Update, and_
 
 from app.store import outbox, validate
 from app.store.control import statements as control
@@ -158,7 +158,21 @@ class ExhaustionMethods(SqlCore):
             unreadable=unreadable,
         )
 
-    async def _rule(self, selection: Selection) -> tuple[ColumnElement[bool], dict[str, Any]]:
+    def _selected_table(self, selection: Selection) -> Table:
+        """The one table a bulk action's selection is in: its destination's (a filter names
+        one; named identities must share one)."""
+        if isinstance(selection, ExhaustionFilter):
+            return self._delivery_table(selection.destination)
+        destinations = {check_identity(identity).destination for identity in selection}
+        if len(destinations) > 1:
+            raise ValueError(
+                f"identities of destinations {sorted(destinations)}: one action per destination"
+            )
+        return self._delivery_table(destinations.pop() if destinations else DEFAULT_DESTINATION)
+
+    async def _rule(
+        self, selection: Selection, table: Table
+    ) -> tuple[ColumnElement[bool], dict[str, Any]]:
         if isinstance(selection, ExhaustionFilter):
             criteria = {
                 name: getattr(selection, name)
@@ -172,22 +186,24 @@ class ExhaustionMethods(SqlCore):
                 # Sealed errors: the database selects by the other criteria, the store opens
                 # their errors and keeps the keys whose error holds the text.
                 others = dataclasses.replace(stored, error_contains=None)
-                rule = exhaustions.exhaustions_matching(self.table, others)
-                found = await self._errors_holding(rule, selection.error_contains)
-                return and_(rule, exhaustions.keys_in(self.table, found)), {"filter": criteria}
-            return exhaustions.exhaustions_matching(self.table, stored), {"filter": criteria}
+                rule = exhaustions.exhaustions_matching(table, others)
+                found = await self._errors_holding(table, rule, selection.error_contains)
+                return and_(rule, exhaustions.keys_in(table, found)), {"filter": criteria}
+            return exhaustions.exhaustions_matching(table, stored), {"filter": criteria}
         identities = [check_identity(identity) for identity in selection]
         keys = [f"{i.bot}/{i.update_id}/{i.attempt}" for i in identities]
-        return exhaustions.exhaustions_exactly(self.table, identities), {"identities": keys}
+        return exhaustions.exhaustions_exactly(table, identities), {"identities": keys}
 
-    async def _errors_holding(self, rule: ColumnElement[bool], text: str) -> list[tuple[str, int]]:
+    async def _errors_holding(
+        self, table: Table, rule: ColumnElement[bool], text: str
+    ) -> list[tuple[str, int]]:
         """The keys of the exhaustions `rule` selects whose opened error holds `text`, read a
         page of BULK_BATCH at a time."""
         found: list[tuple[str, int]] = []
         after: Cursor = None
         while True:
             statement = exhaustions.errors_of_exhaustions(
-                self.table, rule, after=after, limit=BULK_BATCH
+                table, rule, after=after, limit=BULK_BATCH
             )
             async with self._read() as connection:
                 rows = (await connection.execute(statement)).all()
@@ -196,11 +212,11 @@ class ExhaustionMethods(SqlCore):
                 return found
             after = (rows[-1].bot, rows[-1].update_id)
 
-    async def _dry_run(self, rule: ColumnElement[bool]) -> BulkOutcome:
+    async def _dry_run(self, table: Table, rule: ColumnElement[bool]) -> BulkOutcome:
         async with self._read() as connection:
-            matched = await connection.execute(exhaustions.count_exhaustions(self.table, rule))
+            matched = await connection.execute(exhaustions.count_exhaustions(table, rule))
             sample = await connection.execute(
-                exhaustions.sample_exhaustions(self.table, rule, limit=SAMPLE)
+                exhaustions.sample_exhaustions(table, rule, limit=SAMPLE)
             )
             return BulkOutcome(int(matched.scalar_one()), 0, [self._exhaustion(r) for r in sample])
 
@@ -225,10 +241,10 @@ class ExhaustionMethods(SqlCore):
             rate = await self._one_bots_rate(selection)
         interval = 0.0 if rate is None else 1000.0 / rate
 
-        def batch(rule: ColumnElement[bool], after: Cursor, done: int) -> Update:
+        def batch(table: Table, rule: ColumnElement[bool], after: Cursor, done: int) -> Update:
             start = at + int(done * interval)  # the pace goes on from the last batch
             return exhaustions.redrive(
-                self.table, rule, after=after, limit=BULK_BATCH, start=start, interval_ms=interval
+                table, rule, after=after, limit=BULK_BATCH, start=start, interval_ms=interval
             )
 
         outcome = await self._in_batches(
@@ -253,8 +269,14 @@ class ExhaustionMethods(SqlCore):
         if len(names) != 1:
             return None
         bots, _, _ = self._operator_tables("redrive")
+        controls = bots  # default's rate is the bot's; another destination has its own
+        if self._selected_table(selection) is not self.table:
+            controls = self._needing(self.destinations_table, "redrive", "0010")
         async with self._read() as connection:
-            statement = control.bot_controls(bots, sorted(names))
+            statement = control.bot_controls(controls, sorted(names))
+            if controls is not bots:
+                destination = _destination(selection)
+                statement = statement.where(controls.c.destination == destination)
             row = (await connection.execute(statement)).first()
         return None if row is None else cast(float | None, row.rate_per_second)
 
@@ -271,9 +293,9 @@ class ExhaustionMethods(SqlCore):
         one); a dry run counts exactly what a real run would take now."""
         self._operator_tables("acknowledge_exhaustions")
 
-        def batch(rule: ColumnElement[bool], after: Cursor, done: int) -> Update:
+        def batch(table: Table, rule: ColumnElement[bool], after: Cursor, done: int) -> Update:
             return exhaustions.acknowledge_exhaustions(
-                self.table, rule, after=after, limit=BULK_BATCH, at=at
+                table, rule, after=after, limit=BULK_BATCH, at=at
             )
 
         return await self._in_batches(
@@ -284,7 +306,7 @@ class ExhaustionMethods(SqlCore):
         self,
         action: str,
         selection: Selection,
-        batch: Callable[[ColumnElement[bool], Cursor, int], Update],
+        batch: Callable[[Table, ColumnElement[bool], Cursor, int], Update],
         *,
         at: int,
         by: str,
@@ -296,15 +318,16 @@ class ExhaustionMethods(SqlCore):
         the rule, the cursor and the count so far; each its own transaction) until one comes
         up short, then one audit record of the whole."""
         at, by = validate.millis("at", at), check_actor(by)
-        rule, selected = await self._rule(selection)
+        table = self._selected_table(selection)
+        rule, selected = await self._rule(selection, table)
         if validate.flag("dry_run", dry_run):
-            return await self._dry_run(rule)
-        sample = (await self._dry_run(rule)).sample
+            return await self._dry_run(table, rule)
+        sample = (await self._dry_run(table, rule)).sample
         done = 0
         cursor: Cursor = None
         while True:
             async with self.transaction() as connection:
-                keys = (await connection.execute(batch(rule, cursor, done))).all()
+                keys = (await connection.execute(batch(table, rule, cursor, done))).all()
             done += len(keys)
             if progress is not None and keys:
                 progress(done)
@@ -340,7 +363,19 @@ def _bots(selection: Selection) -> list[str] | None:
     return sorted({identity.bot for identity in selection})
 
 
-def _target(selection: Selection) -> str:
+def _destination(selection: Selection) -> str:
+    """The destination a selection is of (identities share one: `_selected_table`)."""
     if isinstance(selection, ExhaustionFilter):
-        return "exhaustions" if not selection.bots else ",".join(selection.bots)
-    return ",".join(sorted({identity.bot for identity in selection})) or "exhaustions"
+        return selection.destination
+    return next(iter(selection)).destination if selection else DEFAULT_DESTINATION
+
+
+def _target(selection: Selection) -> str:
+    """What an action's audit entry names: the bots (or every exhaustion), with the
+    destination beside `default` when it is another's."""
+    if isinstance(selection, ExhaustionFilter):
+        bots = "exhaustions" if not selection.bots else ",".join(selection.bots)
+    else:
+        bots = ",".join(sorted({identity.bot for identity in selection})) or "exhaustions"
+    destination = _destination(selection)
+    return bots if destination == DEFAULT_DESTINATION else f"{bots}/{destination}"

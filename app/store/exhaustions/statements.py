@@ -28,11 +28,14 @@ from app.store.operator_types import ExhaustionFilter
 from app.store.predicates import (
     for_destination,
     identity_is,
+    key_is,
     of_update,
     owned_by,
     transition_returning,
     unacknowledged,
+    update_column,
 )
+from app.store.schema_beside import beside_deliveries
 from app.store.types import ClaimIdentity
 
 
@@ -143,11 +146,12 @@ def acknowledge_exhaustion(t: Table, *, identity: ClaimIdentity, at: int) -> Upd
 
 def exhaustions_matching(t: Table, chosen: ExhaustionFilter) -> ColumnElement[bool]:
     """The open exhaustions a filter selects (every criterion given must hold)."""
-    rules: list[ColumnElement[bool]] = [unacknowledged(t)]
+    beside = beside_deliveries(t)
+    rules = [unacknowledged(t), for_destination(t, chosen.destination if beside else None)]
     if chosen.bots is not None:
         rules.append(t.c.bot.in_(list(chosen.bots)) if chosen.bots else false())
     if chosen.update_type is not None:
-        rules.append(t.c.update_type == chosen.update_type)
+        rules.append(update_column(t, "update_type") == chosen.update_type)
     if chosen.chat is not None:
         rules.append(t.c.queue_key == chosen.chat)
     if chosen.error_contains is not None:
@@ -189,8 +193,10 @@ def count_exhaustions(t: Table, rule: ColumnElement[bool]) -> Select[Any]:
 
 
 def sample_exhaustions(t: Table, rule: ColumnElement[bool], *, limit: int) -> Select[Any]:
+    beside = [t.c.destination] if beside_deliveries(t) else []
+    body = update_column(t, "body").label("body")
     return (
-        select(t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, t.c.body, t.c.error)
+        select(t.c.bot, t.c.update_id, t.c.attempts, t.c.claim_id, *beside, body, t.c.error)
         .add_columns(t.c.exhausted_at, t.c.deliveries)
         .where(rule)
         .order_by(t.c.bot, t.c.update_id)
@@ -199,15 +205,24 @@ def sample_exhaustions(t: Table, rule: ColumnElement[bool], *, limit: int) -> Se
 
 
 def _batch(t: Table, rule: ColumnElement[bool], after: tuple[str, int] | None, limit: int) -> Any:
-    """The next `limit` keys the rule selects after the cursor, in key order, numbered."""
+    """The next `limit` keys the rule selects after the cursor, in key order, numbered (one
+    destination's, on the deliveries table: the rule names it)."""
     statement = select(
         t.c.bot,
         t.c.update_id,
+        *([t.c.destination] if beside_deliveries(t) else []),
         func.row_number().over(order_by=(t.c.bot, t.c.update_id)).label("position"),
     ).where(rule)
     if after is not None:
         statement = statement.where(tuple_(t.c.bot, t.c.update_id) > tuple_(*after))
     return statement.order_by(t.c.bot, t.c.update_id).limit(limit).subquery("batch")
+
+
+def _batched(t: Table, batch: Any) -> ColumnElement[bool]:
+    """`t`'s rows of a batch's keys (with their destination on the deliveries table)."""
+    if beside_deliveries(t):
+        return key_is(t, batch.c.bot, batch.c.update_id, batch.c.destination)
+    return and_(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id)
 
 
 def redrive(
@@ -228,7 +243,7 @@ def redrive(
     offset = cast(func.floor((batch.c.position - 1) * literal(interval_ms)), BigInteger)
     return (
         update(t)
-        .where(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id, unacknowledged(t))
+        .where(_batched(t, batch), unacknowledged(t))
         .values(
             state="failed",
             due_at=start + offset,
@@ -251,7 +266,7 @@ def acknowledge_exhaustions(
     batch = _batch(t, rule, after, limit)
     return (
         update(t)
-        .where(t.c.bot == batch.c.bot, t.c.update_id == batch.c.update_id, unacknowledged(t))
+        .where(_batched(t, batch), unacknowledged(t))
         .values(acknowledged_at=at, settled_at=at, due_at=at)
         .returning(t.c.bot, t.c.update_id)
     )

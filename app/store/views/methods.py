@@ -19,7 +19,7 @@ from app.store.operator_types import (
     SearchPage,
     UpdateFilter,
 )
-from app.store.types import BotStats, StoredDelivery, StoredUpdate
+from app.store.types import DEFAULT_DESTINATION, BotStats, StoredDelivery, StoredUpdate
 from app.store.views import statements as views
 
 _UNDELIVERED = ("pending", "processing", "failed")
@@ -67,13 +67,20 @@ class ViewMethods(SqlCore):
         erased = getattr(row, "erased_at", None)  # revision 0009
         return StoredUpdate(**(fields | {"error": self._error(row), "erased_at": erased}))
 
-    async def stats(self) -> list[BotStats]:
-        """Rows by bot and state, in bot order (one scan of the table: an operator's call)."""
+    async def stats(self, *, deliveries: bool = False) -> list[BotStats]:
+        """Rows by bot and state, in bot order (one scan of the table: an operator's call).
+        With `deliveries`, the deliveries beside the rows (revision 0010) by bot, destination
+        and state instead (none below it)."""
+        table = self.deliveries_table if deliveries else self.table
+        if table is None:
+            return []
         async with self._read() as connection:
-            rows = (await connection.execute(views.stats(self.table))).all()
-        durable = "exhausted_at" in self.table.c
+            rows = (await connection.execute(views.stats(table))).all()
+        durable = "exhausted_at" in table.c
         result: list[BotStats] = []
-        for bot, group in itertools.groupby(rows, key=lambda row: row.bot):
+        for (bot, destination), group in itertools.groupby(
+            rows, key=lambda row: (row.bot, getattr(row, "destination", DEFAULT_DESTINATION))
+        ):
             states = list(group)
             undelivered = [row.oldest for row in states if row.state in _UNDELIVERED]
             result.append(
@@ -84,6 +91,7 @@ class ViewMethods(SqlCore):
                     unacknowledged_exhaustions=(
                         sum(int(row.unacknowledged or 0) for row in states) if durable else None
                     ),
+                    destination=destination,
                 )
             )
         return result

@@ -23,9 +23,11 @@ class Views(Protocol):
         """The row of `(bot, update_id)` as it stands, or None."""
         ...
 
-    async def stats(self) -> list[BotStats]:
+    async def stats(self, *, deliveries: bool = False) -> list[BotStats]:
         """Rows by bot and state, the oldest undelivered row's receipt, open exhaustions (None
-        below revision 0002); in bot order. One scan: an operator's call, not the hot path."""
+        below revision 0002); in bot order. One scan: an operator's call, not the hot path.
+        With `deliveries`, the same of the deliveries beside the rows (revision 0010), by bot
+        and destination."""
         ...
 
 

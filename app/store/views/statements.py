@@ -38,17 +38,18 @@ def deliveries_of(d: Table, *, bot: str, update_id: int) -> Select[Any]:
 
 
 def stats(t: Table) -> Select[Any]:
-    """Per bot and state: rows, the oldest receipt, and (revision 0002) open exhaustions."""
+    """Per bot and state (on the deliveries table, per bot, destination and state): rows, the
+    oldest receipt, and (revision 0002) open exhaustions."""
+    keys = [t.c.bot, *([t.c.destination] if "destination" in t.c else []), t.c.state]
     columns: list[Any] = [
-        t.c.bot,
-        t.c.state,
+        *keys,
         func.count().label("rows"),
         func.min(t.c.received_at).label("oldest"),
     ]
     if "exhausted_at" in t.c:
         open_exhaustion = case((unacknowledged(t), 1), else_=0)
         columns.append(func.sum(open_exhaustion).label("unacknowledged"))
-    return select(*columns).group_by(t.c.bot, t.c.state).order_by(t.c.bot, t.c.state)
+    return select(*columns).group_by(*keys).order_by(*keys)
 
 
 SUMMARY = (

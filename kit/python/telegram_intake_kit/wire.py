@@ -208,6 +208,14 @@ class BotCounts(Message):
     unacknowledged_exhaustions: int | None
 
 
+class DestinationCounts(BotCounts):
+    """One destination's deliveries beside the rows (docs/destinations.md)."""
+
+    destination: DestinationName
+
+
 class Stats(Message):
     at: EpochMillis
     bots: list[BotCounts]
+    # The bots' destinations beside `default` with deliveries, by bot and destination.
+    destinations: list[DestinationCounts] = []
