@@ -1,7 +1,7 @@
 """Run the benchmarks: `python -m bench` (all) or `python -m bench store`.
 
-Each benchmark's module is imported when it runs: `store`, `claims`, `plans`, `search` and
-`console` need only the project's own dependencies, the others the `bench` extra
+Each benchmark's module is imported when it runs: `store`, `claims`, `plans`, `search`,
+`console` and `destinations` need only the project's own dependencies, the others the `bench` extra
 (`pip install -e ./kit/python -e '.[bench]'`).
 Under each report: the peak RSS of the benchmark's own process and of every child it ran.
 """
@@ -33,6 +33,7 @@ BENCHMARKS = (
     "polling",
     "rekey",
     "adapters",
+    "destinations",
 )
 
 
