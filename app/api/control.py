@@ -207,13 +207,18 @@ async def attempts(
     grant: Viewer,
     bot: BotPath,
     update_id: Annotated[int, Path(ge=0, le=MAX_BIGINT)],
+    destination: DestinationQuery = DEFAULT_DESTINATION,
 ) -> AttemptList:
-    """Every attempt of the update, oldest first: its claim, times, outcome, the downstream's
-    HTTP status, an excerpt of its error, the worker that ran it."""
+    """Every attempt of the update's delivery (to `destination`, default the bot's own),
+    oldest first: its claim, times, outcome, the downstream's HTTP status, an excerpt of its
+    error, the worker that ran it."""
     grant.allow(bot)
-    records = await grant.services.store.attempt_history(bot, update_id)
+    records = await grant.services.store.attempt_history(bot, update_id, destination=destination)
     if records is None:
-        raise HTTPException(404, f"no update {update_id} of bot {bot!r} is recorded")
+        missing = f"no update {update_id} of bot {bot!r} is recorded"
+        if destination != DEFAULT_DESTINATION:
+            missing += f" with a delivery to {destination!r}"
+        raise HTTPException(404, missing)
     items = [AttemptItem.model_validate(record, from_attributes=True) for record in records]
     return AttemptList(items=items)
 

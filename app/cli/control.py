@@ -203,7 +203,9 @@ def _updates(settings: Settings, args: argparse.Namespace) -> int:
 
 def _attempts(settings: Settings, args: argparse.Namespace) -> int:
     async def work(store: OperatorStore) -> int:
-        records = await store.attempt_history(args.bot, args.update_id)
+        records = await store.attempt_history(
+            args.bot, args.update_id, destination=args.destination
+        )
         if records is None:
             print(f"no update {args.update_id} of bot {args.bot!r} is recorded", file=sys.stderr)
             return 1
@@ -318,12 +320,7 @@ def add_commands(commands: Commands) -> None:
     )
     pause.add_argument("bot", type=bot_argument)
     pause.add_argument("--reason", help="recorded with the pause and in the audit log")
-    pause.add_argument(
-        "--destination",
-        type=destination_argument,
-        default=DEFAULT_DESTINATION,
-        help=DESTINATION_HELP,
-    )
+    _destination_option(pause)
     pause.set_defaults(handler=_pause)
     resume = commands.add_parser(
         "resume",
@@ -331,12 +328,7 @@ def add_commands(commands: Commands) -> None:
         description="Example: telegram-intake resume shop",
     )
     resume.add_argument("bot", type=bot_argument)
-    resume.add_argument(
-        "--destination",
-        type=destination_argument,
-        default=DEFAULT_DESTINATION,
-        help=DESTINATION_HELP,
-    )
+    _destination_option(resume)
     resume.set_defaults(handler=_resume)
     rate = commands.add_parser(
         "rate-limit",
@@ -346,12 +338,7 @@ def add_commands(commands: Commands) -> None:
     )
     rate.add_argument("bot", type=bot_argument)
     rate.add_argument("rate", type=rate_argument, help="attempts per second, or off")
-    rate.add_argument(
-        "--destination",
-        type=destination_argument,
-        default=DEFAULT_DESTINATION,
-        help=DESTINATION_HELP,
-    )
+    _destination_option(rate)
     rate.set_defaults(handler=_rate_limit)
     updates = commands.add_parser(
         "updates",
@@ -383,6 +370,7 @@ def add_commands(commands: Commands) -> None:
     attempts.add_argument("bot", type=bot_argument)
     attempts.add_argument("update_id", type=int)
     attempts.add_argument("--json", action="store_true", help="print JSON")
+    _destination_option(attempts)
     attempts.set_defaults(handler=_attempts)
     park = commands.add_parser(
         "park",
@@ -392,12 +380,7 @@ def add_commands(commands: Commands) -> None:
     park.add_argument("bot", type=bot_argument)
     park.add_argument("update_id", type=int)
     park.add_argument("--reason", required=True, help="kept as the exhaustion's error")
-    park.add_argument(
-        "--destination",
-        type=destination_argument,
-        default=DEFAULT_DESTINATION,
-        help=DESTINATION_HELP,
-    )
+    _destination_option(park)
     park.set_defaults(handler=_park)
     audit = commands.add_parser(
         "audit",

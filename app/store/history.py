@@ -33,7 +33,15 @@ from sqlalchemy.sql.expression import FromClause
 
 from app.store.operator_types import AttemptEnd
 from app.store.predicates import Upsert
-from app.store.types import Abandoned, ClaimIdentity, Completed, Failed, HandedBack, Settlement
+from app.store.types import (
+    DEFAULT_DESTINATION,
+    Abandoned,
+    ClaimIdentity,
+    Completed,
+    Failed,
+    HandedBack,
+    Settlement,
+)
 
 MAX_ERROR_CHARS = 500  # the excerpt of an attempt's error its history keeps
 
@@ -179,10 +187,17 @@ def ended_many(attempts: Table, batch: FromClause, *only: ColumnElement[bool]) -
     )
 
 
-def of_update(attempts: Table, *, bot: str, update_id: int) -> Select[Any]:
+def of_update(
+    attempts: Table, *, bot: str, update_id: int, destination: str = DEFAULT_DESTINATION
+) -> Select[Any]:
+    """One delivery's attempts, oldest first (`_delivery_attempts`: of `destination`)."""
     return (
         select(attempts)
-        .where(attempts.c.bot == bot, attempts.c.update_id == update_id)
+        .where(
+            attempts.c.bot == bot,
+            *(column == destination for column in _destination(attempts)),
+            attempts.c.update_id == update_id,
+        )
         .order_by(attempts.c.attempt)
     )
 

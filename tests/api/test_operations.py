@@ -251,6 +251,16 @@ async def test_an_update_shows_its_deliveries_and_a_destination_lists_its_exhaus
     assert response.json() == {"acknowledged": False}
     response = await api.post("/v1/exhaustions/acknowledge", acknowledge)
     assert response.json() == {"acknowledged": True}
+    # Its attempts, per delivery; the row's own has none (unrouted).
+    tried = (await api.get("/v1/updates/shop/5/attempts", destination="payments")).json()
+    assert [(a["attempt"], a["outcome"]) for a in tried["items"]] == [(1, "exhausted")]
+    assert (await api.get("/v1/updates/shop/5/attempts")).json() == {"items": []}
+    missing = await api.get("/v1/updates/shop/5/attempts", destination="moderation")
+    assert missing.status_code == 404
+    # A destination's controls need it configured (this bot has none beside default).
+    refused = await api.post("/v1/bots/shop/pause?destination=payments", {})
+    assert refused.status_code == 404
+    assert "has no destination 'payments'" in refused.text
     # Counts: the row (default's, unrouted) among the bots, each delivery by destination.
     stats = (await api.get("/v1/stats")).json()
     assert [(b["bot"], b["states"]) for b in stats["bots"]] == [("shop", {"unrouted": 1})]

@@ -243,6 +243,11 @@ async def test_each_transition_of_a_delivery_compares_its_destination_too(
         assert (await _rows(store))[1].state == "completed"
         assert await _history(store) == [
             ("payments", 1, 1, "completed"), ("payments", 2, 1, "failed")]  # fmt: skip
+        (tried,) = await store.attempt_history("shop", 2, destination="payments") or []
+        assert (tried.attempt, tried.outcome, tried.error) == (1, "failed", "HTTP 502")
+        assert await store.attempt_history("shop", 2, destination="analytics") is None
+        default = await store.attempt_history("shop", 1) or []  # the row's own
+        assert [(a.attempt, a.outcome) for a in default] == [(1, "completed")]
         # A duplicate key within a destination is refused; across destinations it is not.
         with pytest.raises(ValueError, match="repeat"):
             await store.settle_many_owned([(pay[2], Completed(1)), (pay[2], Completed(1))])

@@ -20,8 +20,8 @@ from sqlalchemy import (
     update,
 )
 
-from app.store.predicates import Upsert, identity_is, in_state, transition_returning
-from app.store.types import ClaimIdentity
+from app.store.predicates import Upsert, identity_is, in_state, key_is, transition_returning
+from app.store.types import DEFAULT_DESTINATION, ClaimIdentity
 
 # The controls of a bot are its row of `_bots` (its pause, and destination `default`'s rate
 # limit and breaker); a destination beside `default` has its row of `_destinations` (revision
@@ -222,7 +222,11 @@ def park(t: Table, *, identity: ClaimIdentity, at: int, reason: str) -> Update:
     )
 
 
-def update_state(t: Table, *, bot: str, update_id: int) -> Select[Any]:
+def update_state(
+    t: Table, *, bot: str, update_id: int, destination: str = DEFAULT_DESTINATION
+) -> Select[Any]:
+    """A delivery's state, attempt and claim (the row's own, or on the deliveries table one
+    destination's)."""
     return select(t.c.state, t.c.attempts, t.c.claim_id).where(
-        t.c.bot == bot, t.c.update_id == update_id
+        key_is(t, bot, update_id, destination)
     )

@@ -136,22 +136,26 @@ class ViewMethods(SqlCore):
         cursor = None if last is None else (last.received_at, last.bot, last.update_id)
         return SearchPage([self._summary(row) for row in hits], cursor)
 
-    async def attempt_history(self, bot: str, update_id: int) -> list[AttemptRecord] | None:
-        """Every attempt of the update recorded so far, oldest first; None when no such update
-        is recorded."""
-        _, _, table = self._operator_tables("attempts")
+    async def attempt_history(
+        self, bot: str, update_id: int, *, destination: str = DEFAULT_DESTINATION
+    ) -> list[AttemptRecord] | None:
+        """Every attempt of the update's delivery to `destination` recorded so far, oldest
+        first; None when no such update (or no such delivery of it) is recorded."""
+        _, _, attempts = self._operator_tables("attempts")
         bot, update_id = validate.bot_name(bot), validate.update_id(update_id)
+        table = self._delivery_table(destination)
+        if table is not self.table:
+            kept = self._backend.history_of(table)
+            attempts = self._needing(self.delivery_attempts_table, "attempts", "0010")
+            if kept is not None:
+                attempts = kept.attempts
+        state = control.update_state(table, bot=bot, update_id=update_id, destination=destination)
+        tried = history.of_update(attempts, bot=bot, update_id=update_id, destination=destination)
         async with self._read() as connection:
-            row = (
-                await connection.execute(
-                    control.update_state(self.table, bot=bot, update_id=update_id)
-                )
-            ).first()
+            row = (await connection.execute(state)).first()
             if row is None:
                 return None
-            records = (
-                await connection.execute(history.of_update(table, bot=bot, update_id=update_id))
-            ).all()
+            records = (await connection.execute(tried)).all()
         leased = row.state == "processing"
         return [
             AttemptRecord(

@@ -13,7 +13,7 @@ from app.store.operator_types import (
     SearchPage,
     UpdateFilter,
 )
-from app.store.types import BotStats, StoredUpdate
+from app.store.types import DEFAULT_DESTINATION, BotStats, StoredUpdate
 
 
 class Views(Protocol):
@@ -41,9 +41,12 @@ class OperatorViews(Protocol):
         time after the cursor; pages neither skip nor repeat a row."""
         ...
 
-    async def attempt_history(self, bot: str, update_id: int) -> list[AttemptRecord] | None:
-        """Every attempt of the update, oldest first, kept as long as its row; None when no
-        such update is recorded."""
+    async def attempt_history(
+        self, bot: str, update_id: int, *, destination: str = DEFAULT_DESTINATION
+    ) -> list[AttemptRecord] | None:
+        """Every attempt of the update's delivery to `destination` (default: its row's own),
+        oldest first, kept as long as its row; None when no such update (or delivery) is
+        recorded."""
         ...
 
     async def audit_log(
