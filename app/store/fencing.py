@@ -4,8 +4,10 @@
 caller's own connection, so no reclaim can pass between the check and the commit.
 
 - PostgreSQL: `telegram_intake_owns(bot, update_id, attempt, claim_id)` (revision 0002) locks
-  the row `FOR UPDATE` and compares against the database clock. A rival's `claim_owned`
-  waits for the caller's commit; `claim_next_owned` skips the row until then.
+  the row `FOR UPDATE` and compares against the database clock; for a destination other than
+  `default`, its five-argument form (revision 0010) locks and compares that delivery's row.
+  A rival's `claim_owned` waits for the caller's commit; `claim_next_owned` skips the row
+  until then.
 - SQLite: one writer at a time. The check is a no-op write of the identity's leased row, so
   the caller's transaction holds the write lock from the check to its commit; a reclaim
   waits. The lease is compared with the clock read once the statement has the lock: time
@@ -26,8 +28,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store import validate
 from app.store.backends import postgres_statements, sqlite_statements
-from app.store.schema import DEFAULT_TABLE, make_table, owns_function_name
-from app.store.types import ClaimIdentity
+from app.store.schema import (
+    DEFAULT_TABLE,
+    deliveries_table_name,
+    make_table,
+    owns_function_name,
+)
+from app.store.types import DEFAULT_DESTINATION, ClaimIdentity
 
 
 def _statement(dialect: str, identity: ClaimIdentity, table: str) -> Select[Any] | Update:
@@ -37,11 +44,15 @@ def _statement(dialect: str, identity: ClaimIdentity, table: str) -> Select[Any]
         validate.update_id(identity.update_id),
         validate.attempts("attempt", identity.attempt),
         validate.text("claim_id", identity.claim_id),
+        validate.destination_name(identity.destination),
     )
     if dialect == "postgresql":
         return postgres_statements.owns_function(owns_function_name(table), identity)
     if dialect == "sqlite":
-        return sqlite_statements.hold_owned(make_table(table), identity=identity)
+        rows = make_table(table)
+        if identity.destination != DEFAULT_DESTINATION:  # its delivery's row (revision 0010)
+            rows = rows.metadata.tables[deliveries_table_name(table)]
+        return sqlite_statements.hold_owned(rows, identity=identity)
     raise ValueError(f"fencing needs PostgreSQL or SQLite, not {dialect}")
 
 

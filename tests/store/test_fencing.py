@@ -29,10 +29,11 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from app.store import DEFAULT_TABLE, ClaimIdentity, Completed, SqlUpdateStore, open_store
+from app.store import DEFAULT_TABLE, ClaimIdentity, Completed, NewUpdate, SqlUpdateStore, open_store
 from app.store.fencing import owns_in_transaction, owns_in_transaction_sync
 from app.store.migrate import upgrade
 from app.store.schema import make_table
+from app.store.types import Route
 from tests.conftest import Storage
 
 BODY = '{"update_id": 1}'
@@ -183,6 +184,26 @@ async def test_owns_in_transaction_answers_for_the_exact_live_claim(
     for other in others:
         assert not await owns_alone(url, other, flavour), other
     assert await owns_alone(url, identity, flavour)  # the checks changed nothing
+
+
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+async def test_owns_in_transaction_answers_for_a_destination_s_delivery(
+    store: SqlUpdateStore, flavour: str
+) -> None:
+    """A delivery beside the row (revision 0010): the five-argument SQL function on
+    PostgreSQL, its own row's write lock on SQLite; default's identity is not its."""
+    url, now = _url(store), _now()
+    await store.add_many([NewUpdate("shop", 3, BODY, 0, routes=(Route("payments"),))])
+    (paying,) = await store.claim_next_owned(
+        now=now, lease_until=now + 60_000, max_attempts=3, limit=1, destination="payments"
+    )
+    identity = paying.identity
+    assert identity.destination == "payments"
+    assert await owns_alone(url, identity, flavour)
+    for other in (replace(identity, destination="default"), replace(identity, attempt=2)):
+        assert not await owns_alone(url, other, flavour), other
+    assert await store.settle_owned(identity, Completed(at=_now()))
+    assert not await owns_alone(url, identity, flavour)
 
 
 @pytest.mark.parametrize("flavour", ["async", "sync"])

@@ -32,7 +32,7 @@ from app.store.predicates import key_is, live
 from app.store.records import statements as records
 from app.store.schema import beside_deliveries
 from app.store.settles import statements as settles
-from app.store.types import ClaimIdentity, DeliveryRow, RecordedRow, Settlement
+from app.store.types import DEFAULT_DESTINATION, ClaimIdentity, DeliveryRow, RecordedRow, Settlement
 
 # The database's own counters of each table (a view of the statistics system).
 STAT_USER_TABLES = catalog_view(
@@ -197,9 +197,12 @@ def settle_many_parameters(
 
 
 def owns_function(name: str, identity: ClaimIdentity) -> Select[Any]:
-    """`fencing.owns_in_transaction`'s statement: the SQL function of revision 0002."""
-    arguments = (identity.bot, identity.update_id, identity.attempt, identity.claim_id)
-    return select(getattr(func, name)(*arguments))
+    """`fencing.owns_in_transaction`'s statement: the SQL function of revision 0002, or for a
+    destination other than `default` its five-argument form of revision 0010."""
+    arguments: tuple[Any, ...] = (identity.update_id, identity.attempt, identity.claim_id)
+    if identity.destination == DEFAULT_DESTINATION:
+        return select(getattr(func, name)(identity.bot, *arguments))
+    return select(getattr(func, name)(identity.bot, identity.destination, *arguments))
 
 
 def function_says(row: Any) -> bool:
