@@ -202,8 +202,9 @@ class StoredUpdate:
     body: str | None = None  # the raw update: `get_update` reads it, a search leaves it out
     # When its body was erased (retention, revision 0009): `body` is None from then on.
     erased_at: int | None = None
-    # Its deliveries to destinations beside `default` (`get_update` reads them), in name order.
-    deliveries: tuple[StoredDelivery, ...] = ()
+    # Its deliveries to destinations beside `default`, in name order: `get_update` reads them;
+    # None where they were not read (a search's summaries).
+    deliveries: tuple[StoredDelivery, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

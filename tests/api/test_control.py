@@ -384,8 +384,10 @@ async def test_search_items_are_the_rows_summaries(api: Api) -> None:
     (item,) = response.json()["items"]
     row = await api.row("shop", 3)
     assert item == {
-        name: value for name, value in dataclasses.asdict(row).items() if name != "body"
-    }
+        name: value
+        for name, value in dataclasses.asdict(row).items()
+        if name not in ("body", "deliveries")
+    } | {"deliveries": None}  # a summary reads no deliveries
     assert item["error"] == "HTTP 400: refund refused"
     assert (item["update_type"], item["queue_key"]) == ("message", "77")
     assert "body" not in item  # a summary: the raw update is the exhaustion listing's

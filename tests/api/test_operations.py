@@ -189,7 +189,7 @@ async def test_an_updates_fields_are_its_rows(api: Api) -> None:
         response = await api.get(f"/v1/updates/{bot}/{update_id}")
         assert response.status_code == 200, (bot, update_id)
         row = await api.row(bot, update_id)
-        fields = dataclasses.asdict(row) | {"deliveries": []}  # none beside these
+        fields = dataclasses.asdict(row) | {"deliveries": []}  # read: none beside these
         fields.pop("body")  # the view of a row leaves the raw update out
         assert response.json() == fields, (bot, update_id)
     # What each state shows, beyond copying the row.

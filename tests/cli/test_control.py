@@ -460,6 +460,7 @@ async def test_exhaustions_redrive_by_filter_dry_run_then_paced(storage: Storage
         "update_id": 1,
         "attempt": made[("shop", 1)].attempt,
         "claim_id": made[("shop", 1)].claim_id,
+        "destination": "default",
     }
     refused(cli(url, "exhaustions", "redrive", "--bot", "shop", "--rate", "0"), 2, "is not in")
     refused(cli(url, "exhaustions", "redrive", "--bot", "shop", "--rate", "x"), 2, "not a number")

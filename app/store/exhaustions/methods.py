@@ -179,6 +179,8 @@ class ExhaustionMethods(SqlCore):
                 for name in selection.__dataclass_fields__
                 if getattr(selection, name) is not None
             }
+            if selection.destination == DEFAULT_DESTINATION:  # named only when another's
+                del criteria["destination"]
             if "bots" in criteria:
                 criteria["bots"] = list(criteria["bots"])
             stored = dataclasses.replace(selection, chat=self.codec.digest_optional(selection.chat))

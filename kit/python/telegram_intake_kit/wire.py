@@ -194,9 +194,10 @@ class UpdateView(Message):
     acknowledged_at: EpochMillis | None
     # When retention erased its body (the row stays); None before, or below revision 0009.
     erased_at: EpochMillis | None = None
-    # Its deliveries to the bot's other destinations; the row's own fields are `default`'s
-    # (its state `unrouted` when the update does not go to `default`).
-    deliveries: list[DeliveryView] = []
+    # Its deliveries to the bot's other destinations (null in a search's summaries, which do
+    # not read them); the row's own fields are `default`'s (its state `unrouted` when the
+    # update does not go to `default`).
+    deliveries: list[DeliveryView] | None = None
 
 
 class BotCounts(Message):
