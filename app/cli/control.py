@@ -252,7 +252,9 @@ def _park(settings: Settings, args: argparse.Namespace) -> int:
         found = await store.get_update(args.bot, args.update_id)
         row: StoredUpdate | StoredDelivery | None = found
         if found is not None and args.destination != DEFAULT_DESTINATION:
-            row = next((d for d in found.deliveries or () if d.destination == args.destination), None)
+            row = next(
+                (d for d in found.deliveries or () if d.destination == args.destination), None
+            )
         if row is None or row.claim_id is None or row.state not in ("processing", "failed"):
             state = "not recorded" if row is None else row.state
             print(

@@ -351,8 +351,17 @@ class SqlCore(Sealing):
         validate.positive("min_changes", min_changes)
         if not min_age_seconds >= 0:
             raise ValueError(f"min_age_seconds {min_age_seconds!r} is not a duration")
+        gathered = False
+        # The deliveries beside the rows (revision 0010) churn as the rows do: their claims
+        # plan by their statistics as the rows' claims by the table's.
+        for table in (self.table, self.deliveries_table):
+            if table is not None:
+                gathered = await self._refresh(table, min_changes, min_age_seconds) or gathered
+        return gathered
+
+    async def _refresh(self, table: Table, min_changes: int, min_age_seconds: float) -> bool:
         async with self._read() as connection:
-            age = await self._backend.statistics_age(connection, self.table)
+            age = await self._backend.statistics_age(connection, table)
         if age.changes < min_changes or age.live == 0:
             return False
         # A table that has seen more writes than it had rows (a burst into a small table, say)
@@ -360,9 +369,9 @@ class SqlCore(Sealing):
         if age.seconds is not None and age.seconds < min_age_seconds and age.changes <= age.rows:
             return False
         async with self.transaction() as connection:
-            if not await self._backend.exclusive(connection, self.table, "analyze"):
+            if not await self._backend.exclusive(connection, table, "analyze"):
                 return False
-            await self._backend.analyze(connection, self.table)
+            await self._backend.analyze(connection, table)
         return True
 
     def _operator_tables(self, feature: str) -> tuple[Table, Table, Table]:
