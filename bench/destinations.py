@@ -12,7 +12,7 @@ in updates/s, then (statistics gathered, as a worker's upkeep does) the drain in
 deliveries/s: per destination, batches of 64 claimed in chat order and settled in one
 statement, the destinations' claimers running together (as a worker's lanes do). Rounds
 alternate the shapes; each ratio is the median of the rounds' own ratios over `one`. The
-targets (SPEC section 18): `four, all` at least 0.8x `one`, at the recording and in
+targets (docs/contract.md section 18): `four, all` at least 0.8x `one`, at the recording and in
 deliveries/s.
 """
 

@@ -128,7 +128,7 @@ def statements(store: SqlUpdateStore) -> dict[str, Any]:
         "exhaust": exhaustions.exhaust(t, identity=IDENTITY, at=NOW, error="HTTP 400"),
         "due_exhaustions": exhaustions.due_exhaustions(t, limit=100, after=("news", 5), bots=None),
         "acknowledge_exhaustion": exhaustions.acknowledge_exhaustion(t, identity=IDENTITY, at=NOW),
-        "prune": records.prune(t, store.deliveries_table, before=1_000, limit=2_000),
+        "prune": records.prune(t, store.deliveries_table, before=1_000, limit=2_000, unrouted=True),
         **_operator_statements(store),
         **_delivery_statements(store),
     }

@@ -34,11 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import (
     CTE,
-    Alias,
     Boolean,
     ColumnElement,
     Select,
@@ -56,11 +55,10 @@ from sqlalchemy import (
     type_coerce,
     union_all,
 )
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
 
+from app.store.claims.queue_index import by_queue_index
 from app.store.predicates import NON_TERMINAL, Number, for_destination, in_state, unindexed
-from app.store.schema_beside import beside_deliveries, updates_of
+from app.store.schema_beside import beside_deliveries
 
 # The due-order walk gives up after this many rows per row wanted (so half of them may be
 # held back by their chats and it still fills the batch): past it, reading the heads one
@@ -88,31 +86,6 @@ def next_window(window: int, walked_heads: bool, heads_first: int) -> tuple[int,
 # still sees LIMIT 1.
 ONE: ColumnElement[int] = literal_column("1")
 ZERO: ColumnElement[int] = literal_column("0")
-
-
-class _ByQueueIndex(Alias):
-    """An alias of the table that SQLite reads through ix_queue (`INDEXED BY`). On a small
-    table SQLite's planner may otherwise build an automatic index for the statement, or walk
-    the primary key and sort: a pass over the whole table. PostgreSQL renders a plain alias."""
-
-    inherit_cache = True
-
-
-@compiles(_ByQueueIndex, "sqlite")
-def _by_queue_index_sqlite(element: _ByQueueIndex, compiler: SQLCompiler, **kw: Any) -> str:
-    rendered: str = compiler.visit_alias(element, **kw)  # type: ignore[no-untyped-call]
-    if not kw.get("asfrom"):
-        return rendered
-    # schema.make_metadata's name for the index (add_destination_tables' on the deliveries
-    # table); the table name is validated.
-    table = cast(Table, element.element)
-    if beside_deliveries(table):
-        return f"{rendered} INDEXED BY ix_{updates_of(table).name}_dl_queue"
-    return f"{rendered} INDEXED BY ix_{table.name}_queue"
-
-
-def _by_queue_index(t: Table, name: str) -> Alias:
-    return _ByQueueIndex._construct(t, name=name)
 
 
 def due_for_claim(
@@ -229,7 +202,7 @@ def _bots(t: Table, bots: Sequence[str] | None, fallback: CTE, mine: Mine) -> CT
         return (named[0] if len(named) == 1 else union_all(*named)).cte("bots")
 
     def first_after(previous: ColumnElement[str] | None) -> Any:
-        rows = _by_queue_index(t, "bot_rows")
+        rows = by_queue_index(t, "bot_rows")
         first = select(rows.c.bot).where(in_state(rows.c.state, *NON_TERMINAL), mine(rows))
         if previous is not None:
             first = first.where(rows.c.bot > previous)
@@ -337,7 +310,7 @@ def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE, mine: Mine
     it is due, its due_at (a probe each); the oldest `limit`."""
 
     def key_after(bot: ColumnElement[str], queue_key: ColumnElement[str] | None) -> Any:
-        rows = _by_queue_index(t, "chat_rows")
+        rows = by_queue_index(t, "chat_rows")
         after = rows.c.queue_key.is_not(None) if queue_key is None else rows.c.queue_key > queue_key
         return (
             select(rows.c.queue_key)
@@ -359,7 +332,7 @@ def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE, mine: Mine
             previous.c.queue_key.is_not(None)
         )
     )
-    head_rows = _by_queue_index(t, "head_rows")
+    head_rows = by_queue_index(t, "head_rows")
     head = (
         select(head_rows.c.update_id)
         .where(
@@ -372,7 +345,7 @@ def _heads_scalar(t: Table, *, now: Number, limit: Number, bots: CTE, mine: Mine
         .limit(ONE)
         .scalar_subquery()
     )
-    unqueued = _by_queue_index(t, "unqueued_rows")
+    unqueued = by_queue_index(t, "unqueued_rows")
     candidates: Subquery = union_all(
         select(chats.c.bot, head.label("update_id")).where(chats.c.queue_key.is_not(None)),
         select(unqueued.c.bot, unqueued.c.update_id).where(

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.store import validate
+from app.store.checks import by_destination, check_bots, check_identity, check_lease
 from app.store.claims import chat_order
 from app.store.claims import statements as claims
-from app.store.core import SqlCore, by_destination, check_bots, check_identity, check_lease
+from app.store.core import SqlCore
 from app.store.errors import translated_errors
 from app.store.types import (
     DEFAULT_DESTINATION,

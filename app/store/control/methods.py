@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy import Table
 
 from app.store import history, outbox, validate
+from app.store.checks import check_actor, check_identity, check_reason
 from app.store.control import statements as control
-from app.store.core import SqlCore, check_actor, check_identity, check_reason
+from app.store.core import SqlCore
 from app.store.operator_types import BotControl
 from app.store.types import DEFAULT_DESTINATION, ClaimIdentity
 

@@ -21,8 +21,9 @@ from sqlalchemy import Table
 
 from app.privacy.subjects import subjects_of
 from app.store import outbox, validate
+from app.store.checks import check_actor
 from app.store.codec import erasure_at
-from app.store.core import SqlCore, check_actor
+from app.store.core import SqlCore
 from app.store.erasures import statements as erasures
 from app.store.errors import Undecryptable
 from app.store.operator_types import Erasure, ErasureKind

@@ -12,8 +12,9 @@ from sqlalchemy import Table
 
 from app.store import outbox as outbox_statements
 from app.store import validate
+from app.store.checks import check_lease
 from app.store.control import statements as control
-from app.store.core import SqlCore, check_lease
+from app.store.core import SqlCore
 from app.store.errors import UPGRADE_HINT, SchemaError, Undecryptable
 from app.store.events import statements as events
 from app.store.operator_types import EventType, OperationalEvent, WebhookInfo

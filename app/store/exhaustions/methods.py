@@ -11,14 +11,9 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Row, Table, Update, and_
 
 from app.store import outbox, validate
+from app.store.checks import check_actor, check_bots, check_identity, check_lease
 from app.store.control import statements as control
-from app.store.core import (
-    SqlCore,
-    check_actor,
-    check_bots,
-    check_identity,
-    check_lease,
-)
+from app.store.core import SqlCore
 from app.store.exhaustions import statements as exhaustions
 from app.store.operator_types import BulkOutcome, ExhaustionFilter
 from app.store.types import DEFAULT_DESTINATION, ClaimIdentity, Exhaustion, identity_of

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from sqlalchemy import Table
 
 from app.store import validate
-from app.store.core import SqlCore, check_lease
+from app.store.checks import check_lease
+from app.store.core import SqlCore
 from app.store.errors import translated_errors
 from app.store.polling import statements as polling
 from app.store.types import NewUpdate

@@ -92,6 +92,11 @@ def add_deliveries(d: Table, batch: FromClause, new: FromClause | None = None) -
     return insert(d).from_select([*DELIVERY_COLUMNS, "state", "attempts", "due_at"], source)
 
 
+def any_row(t: Table) -> Select[Any]:
+    """One row of `t`, if it has any (a prune asks whether deliveries exist at all)."""
+    return select(literal_column("1")).select_from(t).limit(1)
+
+
 def recorded(t: Table, batch: FromClause) -> Select[Any]:
     """The keys of a batch (`batch`, a derived table of KEY_COLUMNS) already recorded: one
     primary-key lookup per row of the batch."""
@@ -99,14 +104,17 @@ def recorded(t: Table, batch: FromClause) -> Select[Any]:
     return select(t.c.bot, t.c.update_id).select_from(batch.join(t, on))
 
 
-def prune(t: Table, d: Table | None, *, before: int, limit: int) -> ReturningDelete[Any]:
+def prune(
+    t: Table, d: Table | None, *, before: int, limit: int, unrouted: bool = False
+) -> ReturningDelete[Any]:
     """Delete up to `limit` prunable rows: a bounded batch, so that no prune holds a lock (on
     SQLite: the one write lock) for longer than one batch takes. A row is prunable when its
-    own delivery (or its `unrouted` state) and, with `d` (revision 0010's deliveries), every
-    delivery beside it were settled before `before`."""
+    own delivery (with `unrouted`, revision 0010, also its `unrouted` state) and, with `d`
+    (the deliveries table, when it holds any), every delivery beside it were settled before
+    `before`."""
     # The rule is settled_at < before; due_at == settled_at on terminal rows lets the
     # (state, due_at) index bound the scan. Exhaustions keep settled_at NULL until acknowledged.
-    done = ("completed", "abandoned", "unrouted") if d is not None else ("completed", "abandoned")
+    done = ("completed", "abandoned", "unrouted") if unrouted else ("completed", "abandoned")
     prunable = select(t.c.bot, t.c.update_id).where(
         in_state(t.c.state, *done),
         t.c.due_at < before,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.store import history, validate
-from app.store.core import SqlCore, by_destination, check_identity, check_settlement
+from app.store.checks import by_destination, check_identity, check_settlement
+from app.store.core import SqlCore
 from app.store.errors import translated_errors
 from app.store.settles import statements as settles
 from app.store.types import (
