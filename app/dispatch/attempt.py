@@ -45,7 +45,7 @@ class Lane:
         self.lease_ms = int(options.lease_seconds * 1000)
         # `default` keeps the bot's ordering; another destination's deliveries carry no queue
         # key when it is unordered, so its claims need not look for one.
-        (target,) = (t for t in bot.targets if t.name == destination)
+        target = self.downstream.target
         self.ordering: Ordering = (
             bot.ordering
             if destination == DEFAULT_DESTINATION

@@ -58,6 +58,7 @@ class Downstream:
         target = found[0]
         self.name = bot.name
         self.destination = destination
+        self.target = target
         self.options = options = target.options
         self._transport = transport
         self._url = httpx.URL(str(target.url))
