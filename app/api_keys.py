@@ -34,6 +34,10 @@ class ApiKey(BaseModel):
     # The one scoping rule (docs/security.md): a key limited to some bots reads and acts on
     # theirs only, in every family of the API and the console. None: every bot.
     bots: tuple[str, ...] | None = None
+    # A service's key (docs/destinations.md): its bots' deliveries to these destinations only,
+    # read and settled; nothing of another destination, nor what belongs to the bot as a whole
+    # (its pause, its audit log, its erasures). None: every destination.
+    destinations: tuple[str, ...] | None = None
     scopes: tuple[Scope, ...] = ("callback", "operations")
 
     @property
@@ -65,8 +69,26 @@ class ApiKey(BaseModel):
     def _check_bots(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return None if value is None else tuple(validate.bot_name(name) for name in value)
 
-    def allows(self, bot: str) -> bool:
-        return self.bots is None or bot in self.bots
+    @field_validator("destinations")
+    @classmethod
+    def _check_destinations(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("names no destination: leave it out to allow every one")
+        return tuple(validate.destination_name(name) for name in value)
+
+    def allows(self, bot: str, destination: str | None = None) -> bool:
+        """Whether this key may see `bot` and, named, its deliveries to `destination`."""
+        if self.bots is not None and bot not in self.bots:
+            return False
+        return destination is None or self.destinations is None or destination in self.destinations
+
+    @property
+    def whole_bots(self) -> bool:
+        """Whether this key may see what belongs to a bot as a whole (not limited to
+        destinations)."""
+        return self.destinations is None
 
 
 def unnamed_label(key: ApiKey, index: int, secret: SecretStr | None) -> str:

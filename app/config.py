@@ -50,6 +50,7 @@ from app.store.codec import Codec
 from app.store.engine import normalise_url
 from app.store.lifecycle import Lifecycle
 from app.store.schema import DEFAULT_TABLE
+from app.store.types import DEFAULT_DESTINATION
 from app.webhook_rules import is_local_bot_api, max_connections_problem
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/intake.db"
@@ -275,6 +276,18 @@ class Settings(BaseSettings, BotOptions):
             unknown = sorted(set(api_key.bots or ()) - set(names))
             if unknown:
                 raise ValueError(f"api_keys.{index}.bots: {unknown} are not configured bots")
+            reachable = {DEFAULT_DESTINATION} | {
+                target.name
+                for bot in self.bots
+                if api_key.allows(bot.name)
+                for target in bot.targets
+            }
+            unknown = sorted(set(api_key.destinations or ()) - reachable)
+            if unknown:
+                raise ValueError(
+                    f"api_keys.{index}.destinations: {unknown} are not destinations of "
+                    "the key's bots"
+                )
         keys = [api_key.key.get_secret_value() for api_key in self.api_keys]
         if len(set(keys)) != len(keys):
             raise ValueError("api_keys: a key appears more than once")

@@ -42,6 +42,7 @@ def _fenced(grant: Grant, identity: Identity) -> tuple[DeliveryOptions, ClaimIde
     bot's own options for `default`); 404 for a destination the bot lacks."""
     bot = grant.bot(identity.bot)
     destination = identity.destination
+    grant.allow(bot.name, destination)
     options: DeliveryOptions = bot  # default, the common case, is always there
     if destination != DEFAULT_DESTINATION:
         found = [t.options for t in bot.targets if t.name == destination]
@@ -129,7 +130,8 @@ async def acknowledge(
     claim = request.identity()
     if claim is None:
         return await acknowledge_in_bulk(request, grant)
-    grant.allow(claim.bot)  # a bot no longer configured may still have exhaustions
+    # A bot no longer configured may still have exhaustions.
+    grant.allow(claim.bot, claim.destination)
     services = grant.services
     acknowledged = await services.store.acknowledge_exhaustion(claim, services.now())
     return Acknowledged(acknowledged=acknowledged)

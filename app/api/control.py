@@ -38,7 +38,7 @@ from app.api.control_messages import (
     State,
     UpdatePage,
 )
-from app.api.deps import REFUSALS, Grant, Operator, StrictJsonRoute, Viewer
+from app.api.deps import REFUSALS, Grant, Operator, SeenFromQuery, StrictJsonRoute, Viewer
 from app.api.operations import summary
 from app.overview import bots_overview
 from app.store import BulkOutcome, ClaimIdentity, ExhaustionFilter, UpdateFilter
@@ -68,6 +68,7 @@ SEARCH_CURSOR = r"^[0-9]{1,19}:[a-z0-9][a-z0-9_-]{0,31}:[0-9]{1,19}$"
 async def bots(grant: Viewer) -> BotList:
     """Every configured bot this key may see: paused or running, its rate limit, counts by
     state, open exhaustions, the oldest undelivered update's age, the breaker."""
+    grant.whole_bots()
     services = grant.services
     allowed = grant.bots(None)
     names = [bot.name for bot in services.settings.bots if allowed is None or bot.name in allowed]
@@ -87,9 +88,13 @@ DestinationQuery = Annotated[
 ]
 
 
-def _destination(grant: Grant, bot: str, destination: str) -> str:
-    """`destination` of the configured `bot`; 404 for one it lacks."""
+def _destination(grant: Grant, bot: str, destination: str, *, whole: bool = True) -> str:
+    """`destination` of the configured `bot`; 404 for one it lacks, 403 for one the key may
+    not act on. With `whole`, `default` stands for the bot as a whole (a pause holds all)."""
     configured = grant.bot(bot)
+    if whole and destination == DEFAULT_DESTINATION:
+        grant.whole_bots()
+    grant.allow(bot, destination)
     if destination != DEFAULT_DESTINATION and all(
         target.name != destination for target in configured.targets
     ):
@@ -139,7 +144,7 @@ async def rate_limit(
 ) -> RateLimitSet:
     """At most `per_second` attempts of the bot's `destination` start per second, across
     every process; a throttled update spends no attempt. null lifts the limit."""
-    destination = _destination(grant, bot, destination)
+    destination = _destination(grant, bot, destination, whole=False)
     services = grant.services
     await services.store.set_rate_limit(
         bot, request.per_second, at=services.now(), by=grant.key.label, destination=destination
@@ -168,13 +173,16 @@ async def search(
         Query(pattern=SEARCH_CURSOR, description="`next` of the previous page"),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    destination: SeenFromQuery = None,
 ) -> UpdatePage:
     """Recorded updates, newest first, by every filter given: `chat` is the queue key,
     `received_after` inclusive and `received_before` exclusive (epoch ms), `contains` a
     substring of the raw body, searched among at most 1,000 rows of the other filters per
     page (a page may then be short, or empty, with `next` set; encrypted bodies are opened
     by the service to search them), `user` a user's or a chat's id named anywhere in the
-    update (sender, chat, member, contact, reply, forward...)."""
+    update (sender, chat, member, contact, reply, forward...). With `destination`, the
+    updates that go to it, each with its delivery's state, attempts, times and claim."""
+    seen_from = grant.seen_from(destination)
     if bot is not None:
         grant.bot(bot)
     names = [bot] if bot is not None else _visible(grant)
@@ -195,6 +203,7 @@ async def search(
         received_before=received_before,
         contains=contains,
         user=user,
+        destination=seen_from,
     )
     page = await grant.services.store.search_updates(chosen, after=cursor, limit=limit)
     items = [UpdateView.model_validate(row, from_attributes=True) for row in page.items]
@@ -207,11 +216,12 @@ async def attempts(
     grant: Viewer,
     bot: BotPath,
     update_id: Annotated[int, Path(ge=0, le=MAX_BIGINT)],
-    destination: DestinationQuery = DEFAULT_DESTINATION,
+    destination: SeenFromQuery = None,
 ) -> AttemptList:
     """Every attempt of the update's delivery (to `destination`, default the bot's own),
     oldest first: its claim, times, outcome, the downstream's HTTP status, an excerpt of its
     error, the worker that ran it."""
+    destination = grant.seen_from(destination) or DEFAULT_DESTINATION
     grant.allow(bot)
     records = await grant.services.store.attempt_history(bot, update_id, destination=destination)
     if records is None:
@@ -232,7 +242,7 @@ async def park(
 ) -> Parked:
     """End the live or waiting attempt of a poison update as an exhaustion with `reason`:
     its chat moves on, and the attempt's late answer is ignored."""
-    grant.allow(bot)
+    grant.allow(bot, request.destination)
     if request.bot not in (None, bot) or request.update_id not in (None, update_id):
         raise HTTPException(422, "bot and update_id in the body differ from the path's")
     identity = ClaimIdentity(bot, update_id, request.attempt, request.claim_id, request.destination)
@@ -293,6 +303,7 @@ async def audit(
     """Every operator action, newest first: the key's name, action, target, its filter or
     reason, the counts, the time. A key limited to some bots reads only the actions that
     concern none but them."""
+    grant.whole_bots()
     entries = await grant.services.store.audit_log(after=after, limit=limit, bots=grant.bots(None))
     items = [
         AuditItem(
@@ -327,7 +338,7 @@ def _selection(
     delivered)."""
     if request.identities is not None:
         for identity in request.identities:
-            grant.allow(identity.bot)
+            grant.allow(identity.bot, identity.destination)
         return [
             ClaimIdentity(i.bot, i.update_id, i.attempt, i.claim_id, i.destination)
             for i in request.identities
@@ -335,6 +346,10 @@ def _selection(
     chosen = request.filter or Filter()
     if chosen.bot is not None:
         grant.allow(chosen.bot)  # a bot no longer configured may still have exhaustions
+    # A key limited to destinations acts on one of its own: the one named, or its only one.
+    asked = chosen.destination if "destination" in chosen.model_fields_set else None
+    if (seen_from := grant.seen_from(asked)) is not None:
+        chosen = chosen.model_copy(update={"destination": seen_from})
     bots = (chosen.bot,) if chosen.bot is not None else grant.bots(None)
     if bots is None and configured:
         bots = _visible(grant)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Request, Response
+from fastapi import Depends, HTTPException, Query, Request, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -24,7 +24,7 @@ from app.config import Settings
 from app.http.keys import API_KEY_SCOPE, KEY_REQUIRED
 from app.http.strict_json import NotJson, read_json
 from app.store import ClaimIdentity, OperatorStore
-from telegram_intake_kit.wire import Problem
+from telegram_intake_kit.wire import BOT_PATTERN, Problem
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -32,6 +32,12 @@ bearer = HTTPBearer(
     "`Authorization: Bearer <key>`.",
 )
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+# Whose deliveries a read is seen from (`Grant.seen_from`); default: the rows as they stand,
+# or, for a key limited to one destination, that destination's.
+SeenFromQuery = Annotated[
+    str | None,
+    Query(pattern=BOT_PATTERN, description="one destination's deliveries; default: the rows'"),
+]
 
 
 @dataclass(frozen=True)
@@ -67,10 +73,40 @@ class Grant:
     key: ApiKey
     services: Services
 
-    def allow(self, name: str) -> None:
-        """403 unless this key may act for bot `name`."""
+    def allow(self, name: str, destination: str | None = None) -> None:
+        """403 unless this key may act for bot `name` (and, named, its `destination`)."""
         if not self.key.allows(name):
             raise HTTPException(403, f"this API key is not allowed bot {name!r}")
+        if not self.key.allows(name, destination):
+            raise HTTPException(403, f"this API key is not allowed destination {destination!r}")
+
+    def whole_bots(self) -> None:
+        """403 for a key limited to destinations: what belongs to a bot as a whole (its
+        pause, its audit log, its erasures, its metrics) is not any one service's."""
+        if self.key.destinations is not None:
+            raise HTTPException(
+                403,
+                f"this API key is limited to destinations {', '.join(self.key.destinations)}: "
+                "what concerns a bot as a whole needs a key that is not",
+            )
+
+    def seen_from(self, asked: str | None) -> str | None:
+        """The destination a read is seen from: `asked`, if this key may see it; for a key
+        limited to destinations that asked none, its one destination (403 with several)."""
+        limited = self.key.destinations
+        if limited is None:
+            return asked
+        if asked is None:
+            if len(limited) > 1:
+                raise HTTPException(
+                    403,
+                    f"this API key is limited to destinations {', '.join(limited)}: "
+                    "name one with destination=",
+                )
+            return limited[0]
+        if asked not in limited:
+            raise HTTPException(403, f"this API key is not allowed destination {asked!r}")
+        return asked
 
     def bot(self, name: str) -> BotSettings:
         """The configured bot `name`, if this key may act for it: 403 or 404 otherwise."""

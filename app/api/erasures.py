@@ -65,6 +65,7 @@ class ErasureView(Message):
 async def request_erasure(request: ErasureRequest, grant: Operator) -> ErasureView:
     """Record an erasure job; the workers run it. Nothing is delivered of those updates once
     their rows are erased, and an attempt that holds one loses its claim (`owns` is false)."""
+    grant.whole_bots()  # a user's data across every destination of the bot
     grant.allow(request.bot)
     kind: Literal["user", "chat"] = "user" if request.user_id is not None else "chat"
     subject = request.user_id if request.user_id is not None else request.chat_id
@@ -87,6 +88,7 @@ async def get_erasure(
     erasure_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)], grant: Operator
 ) -> ErasureView:
     """An erasure job as it stands: its state and counts."""
+    grant.whole_bots()
     erasure = await grant.services.store.get_erasure(erasure_id)
     if erasure is None or not grant.key.allows(erasure.bot):
         raise HTTPException(404, f"no erasure {erasure_id}")

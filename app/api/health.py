@@ -78,6 +78,7 @@ async def metrics_text(request: Request, grant: Viewer) -> Response:
     """Prometheus metrics (docs/operations.md), for a key with the `operations` scope;
     a key limited to some bots sees only their series. Database errors never fail it:
     `telegram_intake_database_up` is 0 instead."""
+    grant.whole_bots()  # its series are the bots' as a whole, not one service's
     metrics: Metrics = request.app.state.metrics
     body = await metrics.exposition(grant.bots(None))
     return Response(body, media_type=CONTENT_TYPE)

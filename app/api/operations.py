@@ -8,7 +8,7 @@ from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
-from app.api.deps import REFUSALS, StrictJsonRoute, Viewer
+from app.api.deps import REFUSALS, SeenFromQuery, StrictJsonRoute, Viewer
 from app.store import BotStats, Exhaustion
 from telegram_intake_kit.wire import (
     BOT_PATTERN,
@@ -47,10 +47,11 @@ async def exhaustions(
         Query(pattern=CURSOR_PATTERN, description="`next` of the previous page: bot:update_id"),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1_000)] = 100,
-    destination: Annotated[str, Query(pattern=BOT_PATTERN)] = DEFAULT_DESTINATION,
+    destination: SeenFromQuery = None,
 ) -> ExhaustionPage:
     """Unacknowledged exhaustions in `(bot, update_id)` order, a page at a time: those of
     deliveries to `destination` (default: the bots' own downstreams)."""
+    destination = grant.seen_from(destination) or DEFAULT_DESTINATION
     cursor = None
     if after is not None:
         name, _, number = after.partition(":")
@@ -70,12 +71,18 @@ async def get_update(
     grant: Viewer,
     bot: Annotated[str, Path(pattern=BOT_PATTERN)],
     update_id: Annotated[int, Path(ge=0, le=MAX_BIGINT)],
+    destination: SeenFromQuery = None,
 ) -> UpdateView:
-    """One update's row: state, attempts, times, last error, current claim."""
+    """One update's row: state, attempts, times, last error, current claim, and its
+    deliveries to the bot's other destinations. With `destination`, the update as that
+    destination's service sees it: its delivery's fields, no other delivery listed."""
+    seen_from = grant.seen_from(destination)
     grant.allow(bot)
     row = await grant.services.store.get_update(bot, update_id)
     if row is None:
         raise HTTPException(404, f"no update {update_id} of bot {bot!r} is recorded")
+    if seen_from is not None and (row := row.seen_from(seen_from)) is None:
+        raise HTTPException(404, f"update {update_id} of bot {bot!r} does not go to {seen_from!r}")
     return UpdateView.model_validate(row, from_attributes=True)
 
 
@@ -84,7 +91,6 @@ async def stats(grant: Viewer) -> Stats:
     """Rows by bot and state, the oldest undelivered row's age, open exhaustions; the same of
     the bots' other destinations' deliveries (`destinations`)."""
     services = grant.services
-    allowed = grant.bots(None)
     now = services.now()
     rows = await services.store.stats()
     beside = await services.store.stats(deliveries=True)
@@ -103,12 +109,12 @@ async def stats(grant: Viewer) -> Stats:
         bots=[
             BotCounts.model_validate(counts(row))
             for row in rows
-            if allowed is None or row.bot in allowed
+            if grant.key.allows(row.bot, DEFAULT_DESTINATION)
         ],
         destinations=[
             DestinationCounts.model_validate(counts(row) | {"destination": row.destination})
             for row in beside
-            if allowed is None or row.bot in allowed
+            if grant.key.allows(row.bot, row.destination)
         ],
     )
 

@@ -67,8 +67,10 @@ async def sign_in(request: Request) -> Response:
     key = keys.find(given)
     if key is None and given:  # an empty field guesses nothing
         throttle.failed(source)
-    if key is None or not key.may("viewer"):
+    if key is None or not key.may("viewer") or not key.whole_bots:
         problem = "That key is not valid here." if key is None else "That key may not view."
+        if key is not None and not key.whole_bots:
+            problem = "That key is limited to destinations: the console needs whole bots."
         response = render_page(request, "sign_in.html", None, problem=problem)
         response.status_code = 401
         return response

@@ -109,12 +109,18 @@ class UpdateFilter:
     contains: str | None = None
     # A user's or a chat's id named anywhere in the update (its subjects, revision 0009).
     user: str | None = None
+    # Seen from one destination's deliveries (revision 0010): the updates that go to it, with
+    # `state` and each summary's delivery fields its delivery's. None: the rows as they stand
+    # (`default`'s delivery, or `unrouted`).
+    destination: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bots, str) or not self.bots:
             raise ValueError("bots must be a non-empty sequence of bot names")
         for bot in self.bots:
             validate.bot_name(bot)
+        if self.destination is not None:
+            validate.destination_name(self.destination)
         if self.state is not None and self.state not in STATES:
             raise ValueError(f"state {self.state!r} is not one of {', '.join(STATES)}")
         validate.optional_text("chat", self.chat)

@@ -5,7 +5,7 @@ All are frozen dataclasses; times are integer epoch milliseconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 from app.store import validate
@@ -205,6 +205,22 @@ class StoredUpdate:
     # Its deliveries to destinations beside `default`, in name order: `get_update` reads them;
     # None where they were not read (a search's summaries).
     deliveries: tuple[StoredDelivery, ...] | None = None
+    # Whose delivery the fields above describe: `default`'s (the row's own), or, seen from
+    # another destination (`seen_from`, a search by destination), that destination's.
+    destination: str = DEFAULT_DESTINATION
+
+    def seen_from(self, destination: str) -> StoredUpdate | None:
+        """This update as one destination's service sees it: the delivery fields its
+        delivery's, no other delivery listed; None when the update does not go to it."""
+        if destination == DEFAULT_DESTINATION:
+            if self.state == "unrouted":
+                return None
+            return replace(self, deliveries=(), destination=destination)
+        for delivery in self.deliveries or ():
+            if delivery.destination == destination:
+                fields = {n: getattr(delivery, n) for n in StoredDelivery.__dataclass_fields__}
+                return replace(self, **fields, deliveries=())
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ class ViewMethods(SqlCore):
             return None
         fields: dict[str, Any] = dict(row._mapping)
         fields["deliveries"] = tuple(self._delivery(delivery) for delivery in beside)
+        fields["destination"] = DEFAULT_DESTINATION  # the row's own delivery
         fields["body"], unreadable = self._body_or_why(row)
         if fields.get("erased_at") is not None:
             fields["body"] = None  # erased by retention: the row stays, its body does not
@@ -62,10 +63,11 @@ class ViewMethods(SqlCore):
         names = StoredDelivery.__dataclass_fields__
         return StoredDelivery(**{n: getattr(row, n) for n in names} | {"error": self._error(row)})
 
-    def _summary(self, row: Any) -> StoredUpdate:
+    def _summary(self, row: Any, destination: str) -> StoredUpdate:
         fields = {name: getattr(row, name) for name in views.SUMMARY}
         erased = getattr(row, "erased_at", None)  # revision 0009
-        return StoredUpdate(**(fields | {"error": self._error(row), "erased_at": erased}))
+        shown = {"error": self._error(row), "erased_at": erased, "destination": destination}
+        return StoredUpdate(**(fields | shown))
 
     async def stats(self, *, deliveries: bool = False) -> list[BotStats]:
         """Rows by bot and state, in bot order (one scan of the table: an operator's call).
@@ -118,8 +120,16 @@ class ViewMethods(SqlCore):
             chat=self.codec.digest_optional(chosen.chat),
             user=self.codec.digest_optional(chosen.user),
         )
+        deliveries = None
+        if chosen.destination not in (None, DEFAULT_DESTINATION):
+            deliveries = self._delivery_table(chosen.destination)
         statement = views.search_updates(
-            self.table, stored, after=after, limit=window, sealed_bodies=sealed
+            self.table,
+            stored,
+            after=after,
+            limit=window,
+            sealed_bodies=sealed,
+            deliveries=deliveries,
         )
         async with self._read() as connection:
             rows = (await connection.execute(statement)).all()
@@ -134,7 +144,8 @@ class ViewMethods(SqlCore):
         else:  # the window ran out first: go on after its last row, if it was full
             last = rows[-1] if len(rows) == window else None
         cursor = None if last is None else (last.received_at, last.bot, last.update_id)
-        return SearchPage([self._summary(row) for row in hits], cursor)
+        seen_from = chosen.destination or DEFAULT_DESTINATION
+        return SearchPage([self._summary(row, seen_from) for row in hits], cursor)
 
     async def attempt_history(
         self, bot: str, update_id: int, *, destination: str = DEFAULT_DESTINATION

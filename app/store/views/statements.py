@@ -8,8 +8,10 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    FromClause,
     Select,
     Table,
+    and_,
     case,
     exists,
     func,
@@ -26,6 +28,7 @@ from app.store.predicates import (
     key_is,
     unacknowledged,
 )
+from app.store.types import DEFAULT_DESTINATION, StoredDelivery
 
 
 def get_update(t: Table, *, bot: str, update_id: int) -> Select[Any]:
@@ -67,6 +70,8 @@ SUMMARY = (
     "exhausted_at",
     "acknowledged_at",
 )
+# What a summary takes from the delivery it is seen from (`search_updates`).
+DELIVERY_FIELDS = frozenset(StoredDelivery.__dataclass_fields__) - {"destination"}
 
 
 def search_updates(
@@ -76,6 +81,7 @@ def search_updates(
     after: SearchCursor | None,
     limit: int,
     sealed_bodies: bool = False,
+    deliveries: Table | None = None,
 ) -> Select[Any]:
     """Rows matching `chosen`, newest first: (received_at, bot, update_id) descending, after the
     cursor. One branch per bot, each an ordered walk of the index its filters pick
@@ -83,12 +89,33 @@ def search_updates(
     page, not the table. With `contains`, `limit` rows are read and each says whether its body
     holds the text (`hit`): the caller pages through a bounded window at a time. With
     `sealed_bodies` (encrypted at rest) the database cannot tell: each row comes with its
-    `body` for the caller to open and search."""
+    `body` for the caller to open and search.
+
+    Seen from a destination (`chosen.destination`): `default`'s leaves out the rows that are
+    `unrouted`; another's joins each row to its delivery there (`deliveries`, by its primary
+    key) and takes `state` and the delivery fields from it."""
+    seen_from = chosen.destination
+    delivery: Table | FromClause = t
+    source: FromClause = t
+    if seen_from is not None and seen_from != DEFAULT_DESTINATION:
+        if deliveries is None:
+            raise ValueError("a search by destination needs the deliveries table")
+        delivery = deliveries
+        source = t.join(
+            deliveries,
+            and_(
+                deliveries.c.bot == t.c.bot,
+                deliveries.c.destination == seen_from,
+                deliveries.c.update_id == t.c.update_id,
+            ),
+        )
     branches = []
     for bot in chosen.bots:
         rules: list[ColumnElement[bool]] = [t.c.bot == bot]
+        if seen_from == DEFAULT_DESTINATION:
+            rules.append(t.c.state != "unrouted")
         if chosen.state is not None:
-            rules.append(in_state(t.c.state, chosen.state))
+            rules.append(in_state(delivery.c.state, chosen.state))
         if chosen.chat is not None:
             rules.append(t.c.queue_key == chosen.chat)
         if chosen.update_type is not None:
@@ -108,8 +135,12 @@ def search_updates(
         )
         body = [t.c.body] if chosen.contains is not None and sealed_bodies else []
         erased = [t.c.erased_at] if "erased_at" in t.c else []  # revision 0009
+        summary = [
+            (delivery if name in DELIVERY_FIELDS else t).c[name].label(name) for name in SUMMARY
+        ]
         branch = (
-            select(*(t.c[name] for name in SUMMARY), *erased, hit.label("hit"), *body)
+            select(*summary, *erased, hit.label("hit"), *body)
+            .select_from(source)
             .where(*rules)
             .order_by(t.c.received_at.desc(), t.c.update_id.desc())
             .limit(limit)

@@ -198,6 +198,9 @@ class UpdateView(Message):
     # not read them); the row's own fields are `default`'s (its state `unrouted` when the
     # update does not go to `default`).
     deliveries: list[DeliveryView] | None = None
+    # Whose delivery the row's fields describe: `default`'s, or, asked with `destination=`
+    # (and always for a key limited to destinations), that destination's.
+    destination: DestinationName = DEFAULT_DESTINATION
 
 
 class BotCounts(Message):
