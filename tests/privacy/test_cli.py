@@ -18,7 +18,8 @@ from tests.conftest import Storage
 from tests.privacy.rings import INDEX_KEY_TEXT, key_text, test_ring
 from tests.processes import ROOT
 
-pytestmark = pytest.mark.slow  # real processes
+# Real processes that measure no time: beside the serial group (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("untimed")]
 
 ALICE, BOB = 7_001, 7_002
 

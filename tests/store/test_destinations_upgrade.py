@@ -30,7 +30,8 @@ from tests.downstream import FakeDownstream, Received, eventually
 from tests.processes import STARTUP, free_port, post_update, processes, until_serving
 from tests.store.releases import fleet_client, fleet_environment, release_tree
 
-pytestmark = pytest.mark.slow
+# Real processes that measure no time: beside the serial group (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("untimed")]
 
 # The last release at revision 0009: the one an operator upgrades from.
 BEFORE_0010 = "df409d3580212f2d4ae45d967e28031f2f8c3e60"

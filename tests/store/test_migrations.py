@@ -398,6 +398,7 @@ def _finish(process: subprocess.Popen[str]) -> str:
 
 
 @pytest.mark.slow  # the alembic command line, a real process
+@pytest.mark.xdist_group("untimed")  # measures no time: beside the serial group
 def test_alembic_command_line_uses_intake_database_url(storage: Storage) -> None:
     url = storage.url(None)
     env = {"INTAKE_DATABASE_URL": url}
@@ -454,6 +455,7 @@ def _race(url: str, gate_dir: Path, processes: int = 4) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("untimed")
 def test_four_processes_auto_migrating_one_fresh_sqlite_file_all_succeed(
     sqlite_storage: Storage, tmp_path: Path
 ) -> None:
@@ -462,6 +464,7 @@ def test_four_processes_auto_migrating_one_fresh_sqlite_file_all_succeed(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("untimed")
 def test_four_processes_auto_migrating_one_fresh_postgres_schema_all_succeed(
     postgres_storage: Storage, tmp_path: Path
 ) -> None:
@@ -470,6 +473,7 @@ def test_four_processes_auto_migrating_one_fresh_postgres_schema_all_succeed(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("untimed")
 def test_upgrade_downgrade_upgrade_keeps_ten_thousand_postgres_rows(
     postgres_storage: Storage,
 ) -> None:

@@ -42,7 +42,8 @@ from tests.processes import (
 )
 from tests.store.releases import fleet_client, fleet_environment, release_tree
 
-pytestmark = pytest.mark.slow
+# Real processes that measure no time: beside the serial group (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("untimed")]
 
 # The last commit before revision 0006: the release an operator upgrades from.
 BEFORE_0006 = "455b5a14735bd07c5cc5f59beb63e3e15f4fc2dd"
