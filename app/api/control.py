@@ -35,6 +35,8 @@ from app.api.control_messages import (
     RateLimitSet,
     Redriven,
     RedriveRequest,
+    Replayed,
+    ReplayRequest,
     State,
     UpdatePage,
 )
@@ -152,6 +154,34 @@ async def rate_limit(
     if request.per_second is None:
         await services.wake()
     return RateLimitSet(bot=bot, rate_limit_per_second=request.per_second)
+
+
+@router.post("/bots/{bot}/replay")
+async def replay(bot: BotPath, request: ReplayRequest, grant: Operator) -> Replayed:
+    """Deliver to `destination` the updates from `first_update_id` to `last_update_id` that
+    it never had (one added later; for `default`, the updates that did not go there), whose
+    bodies are kept: each due now, in update order within its queue. At most 100,000 at once
+    (422 beyond, nothing replayed); a dry run counts them and changes nothing."""
+    destination = _destination(grant, bot, request.destination, whole=False)
+    ordered = all(t.ordered for t in grant.bot(bot).targets if t.name == destination)
+    services = grant.services
+    try:
+        matched = await services.store.replay(
+            bot,
+            destination,
+            first=request.first_update_id,
+            last=request.last_update_id,
+            ordered=ordered,
+            at=services.now(),
+            by=grant.key.label,
+            dry_run=request.dry_run,
+        )
+    except ValueError as error:
+        raise HTTPException(422, str(error)) from None
+    replayed = 0 if request.dry_run else matched
+    if replayed:
+        await services.wake()
+    return Replayed(bot=bot, destination=destination, matched=matched, replayed=replayed)
 
 
 # -- updates ------------------------------------------------------------------------------------

@@ -86,6 +86,20 @@ class RateLimitSet(Message):
     rate_limit_per_second: float | None
 
 
+class ReplayRequest(Message):
+    destination: DestinationName = Field(description="where the updates go")
+    first_update_id: UpdateId
+    last_update_id: UpdateId = Field(description="inclusive")
+    dry_run: bool = Field(default=False, description="count them, change nothing")
+
+
+class Replayed(Message):
+    bot: BotName
+    destination: DestinationName
+    matched: int = Field(description="the updates in the range that the destination never had")
+    replayed: int = Field(description="0 for a dry run")
+
+
 class UpdatePage(Message):
     items: list[UpdateView]
     next: str | None = Field(description="pass as `after` for the next page; null at the end")

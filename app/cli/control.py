@@ -1,5 +1,5 @@
 """Operator control from the command line (docs/contract.md section 9): bots, pause, resume,
-rate-limit, updates, attempts, park, audit; `exhaustions redrive|ack` by filter are
+rate-limit, replay, updates, attempts, park, audit; `exhaustions redrive|ack` by filter are
 `app.cli.exhaustion_actions`.
 
 Like the other operator commands they work on the database the service uses, whether the
@@ -137,6 +137,40 @@ def _named(args: argparse.Namespace) -> str:
     if args.destination == DEFAULT_DESTINATION:
         return str(args.bot)
     return f"{args.bot}/{args.destination}"
+
+
+def _replay(settings: Settings, args: argparse.Namespace) -> int:
+    if not known_bot(settings, args.bot):
+        return 2
+    targets = settings.bot(args.bot).targets  # type: ignore[union-attr]  # known
+    target = next((t for t in targets if t.name == args.destination), None)
+    if target is None:
+        print(f"bot {args.bot!r} has no destination {args.destination!r}", file=sys.stderr)
+        return 2
+
+    async def work(store: OperatorStore) -> int:
+        try:
+            count = await store.replay(
+                args.bot,
+                args.destination,
+                first=args.first,
+                last=args.last,
+                ordered=target.ordered,
+                at=await store.database_time(),
+                by=actor(),
+                dry_run=args.dry_run,
+            )
+        except ValueError as error:
+            print(f"nothing replayed: {error}", file=sys.stderr)
+            return 1
+        span = f"updates {args.first}-{args.last} of {args.bot} to {args.destination}"
+        if args.dry_run:
+            print(f"would replay {count} {span} (dry run: nothing changed)")
+        else:
+            print(f"replayed {count} {span}: each due now")
+        return 0
+
+    return run_on_store(settings, work)
 
 
 # -- updates and attempts ------------------------------------------------------------------------
@@ -307,7 +341,7 @@ def _audit(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def add_commands(commands: Commands) -> None:
-    """bots, pause, resume, rate-limit, updates, attempts, park, audit."""
+    """bots, pause, resume, rate-limit, replay, updates, attempts, park, audit."""
     bots = commands.add_parser(
         "bots",
         help="every bot: running or paused, rate limit, counts by state, open exhaustions",
@@ -384,6 +418,18 @@ def add_commands(commands: Commands) -> None:
     park.add_argument("--reason", required=True, help="kept as the exhaustion's error")
     _destination_option(park)
     park.set_defaults(handler=_park)
+    replay = commands.add_parser(
+        "replay",
+        help="deliver a range of updates to a destination that never had them",
+        description="Example: telegram-intake replay shop --destination payments --from 1000 "
+        "--to 2000 --dry-run",
+    )
+    replay.add_argument("bot", type=bot_argument)
+    replay.add_argument("--destination", type=destination_argument, required=True)
+    replay.add_argument("--from", dest="first", type=int, required=True, help="first update id")
+    replay.add_argument("--to", dest="last", type=int, required=True, help="last update id")
+    replay.add_argument("--dry-run", action="store_true", help="count them, change nothing")
+    replay.set_defaults(handler=_replay)
     audit = commands.add_parser(
         "audit",
         help="operator actions, newest first: who, what, which, how many",

@@ -287,3 +287,33 @@ async def test_a_payments_key_sees_nothing_of_analytics_through_any_api_route(
     assert asked > 300
     rows, _ = await _state(api)
     assert rows == before[0], "an act of the payments key changed another destination's"
+
+
+async def test_a_replay_by_api_is_the_destination_s_own_and_says_what_it_did(
+    seeded: Seeded,
+) -> None:
+    """`POST /v1/bots/{bot}/replay`: update 6 never went to payments; a dry run counts it, the
+    act delivers it; payments' key replays to payments alone; bad ranges and destinations
+    the bot lacks are refused and change nothing."""
+    api = seeded.api
+    body = {"destination": "payments", "first_update_id": 1, "last_update_id": 10}
+    dry = await api.post("/v1/bots/shop/replay", body | {"dry_run": True}, key=PAYMENTS_KEY)
+    assert dry.json() == {"bot": "shop", "destination": "payments", "matched": 1, "replayed": 0}
+    other = await api.post("/v1/bots/shop/replay", body | {"destination": "analytics"},
+                           key=PAYMENTS_KEY)  # fmt: skip
+    assert other.status_code == 403
+    before = await api.store.get_update("shop", 6)
+    for wrong, status in (
+        ({"destination": "refunds"}, 404),
+        ({"first_update_id": 11}, 422),
+        ({"last_update_id": -1}, 422),
+    ):
+        answer = await api.post("/v1/bots/shop/replay", body | wrong)
+        assert answer.status_code == status, (wrong, answer.text)
+    assert await api.store.get_update("shop", 6) == before
+    done = await api.post("/v1/bots/shop/replay", body, key=PAYMENTS_KEY)
+    assert done.json() == {"bot": "shop", "destination": "payments", "matched": 1, "replayed": 1}
+    view = (await api.get("/v1/updates/shop/6", key=PAYMENTS_KEY)).json()
+    assert (view["destination"], view["state"], view["attempts"]) == ("payments", "pending", 0)
+    (entry, *_) = (await api.get("/v1/audit")).json()["items"]
+    assert (entry["action"], entry["target"], entry["changed"]) == ("replay", "shop/payments", 1)

@@ -438,6 +438,49 @@ async def test_a_destination_is_paused_resumed_limited_and_parked_on_its_own(
     assert targets == ["shop/payments/1", "shop/payments", "shop/payments", "shop/payments"]
 
 
+async def test_replay_delivers_a_range_to_a_destination_added_later(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """`replay` (docs/destinations.md): a dry run counts, the act adds each missing delivery
+    and is audited; a destination the bot lacks, or a range backwards, is refused."""
+    (tmp_path / "intake.toml").write_text(
+        CONFIG.replace(
+            'name = "shop"\nsecret_token = "shop-secret"\n',
+            'name = "shop"\nsecret_token = "shop-secret"\ndownstream_url = "http://127.0.0.1:9/"\n'
+            '[[bots.destinations]]\nname = "payments"\nurl = "http://127.0.0.1:9/"\n',
+        )
+    )
+    url = storage.url()
+    async with opened(url) as store:
+        at = now_ms()
+        await store.add_many(
+            [
+                NewUpdate("shop", 1, message(1), at),  # before payments was added
+                NewUpdate("shop", 2, message(2), at, routes=(Route("payments"),)),
+            ]
+        )
+    span = ("--from", "1", "--to", "2")
+    dry = ok(cli(url, "replay", "shop", "--destination", "payments", *span, "--dry-run"))
+    assert dry.stdout.strip() == (
+        "would replay 1 updates 1-2 of shop to payments (dry run: nothing changed)"
+    )
+    done = ok(cli(url, "replay", "shop", "--destination", "payments", *span))
+    assert done.stdout.strip() == "replayed 1 updates 1-2 of shop to payments: each due now"
+    back = ok(cli(url, "replay", "shop", "--destination", "default", *span))
+    assert back.stdout.startswith("replayed 1 updates")  # 2 was unrouted
+    async with opened(url) as store:
+        found = [await store.get_update("shop", n) for n in (1, 2)]
+    assert [(u.state, [d.destination for d in u.deliveries or ()]) for u in found if u] == [
+        ("pending", ["payments"]),
+        ("pending", ["payments"]),
+    ]
+    refused(cli(url, "replay", "shop", "--destination", "refunds", *span), 2, "no destination")
+    refused(cli(url, "replay", "shop", "--destination", "payments", "--from", "3", "--to", "1"),
+            1, "is empty")  # fmt: skip
+    targets = [(e["action"], e["target"]) for e in as_json(cli(url, "audit", "--json"))]
+    assert targets == [("replay", "shop/default"), ("replay", "shop/payments")]
+
+
 # -- exhaustions redrive and ack -----------------------------------------------------------------
 
 

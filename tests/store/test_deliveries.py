@@ -375,3 +375,64 @@ async def test_bulk_redrive_and_acknowledgement_act_on_one_destination(storage: 
             (2, 2, 1)]  # fmt: skip
     finally:
         await store.close()
+
+
+async def test_a_replay_delivers_a_range_to_a_destination_that_never_had_it(
+    storage: Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A destination added later: its deliveries of a range of earlier updates, each due now,
+    in its queue when ordered; the updates it had, the erased ones and those outside the
+    range are left; `default` takes its `unrouted` rows back; more than the limit is refused
+    whole; each replay is in the audit log."""
+    store = await open_store(storage.url())
+    try:
+        await store.add_many(
+            [
+                _update(1, DEFAULT),
+                _update(2, DEFAULT, PAYMENTS),  # payments had it
+                _update(3, DEFAULT),  # erased below
+                _update(4, ANALYTICS),  # unrouted: default never had it
+                _update(5, DEFAULT),  # outside the range
+            ]
+        )
+        t = store.table
+        async with store.transaction() as connection:
+            erased = t.update().where(t.c.update_id == 3).values(body="", erased_at=1_500)
+            await connection.execute(erased)
+        replay = {"first": 1, "last": 4, "at": 2_000, "by": "ops"}
+        before = await _deliveries(store)
+        dry = await store.replay("shop", "payments", **replay, ordered=True, dry_run=True)
+        assert (dry, await _deliveries(store)) == (2, before)  # 1 and 4
+        monkeypatch.setattr("app.store.control.methods.REPLAY_LIMIT", 1)
+        with pytest.raises(ValueError, match="2 updates to replay, over 1 at once"):
+            await store.replay("shop", "payments", **replay, ordered=True)
+        assert await _deliveries(store) == before
+        monkeypatch.undo()
+        assert await store.replay("shop", "payments", **replay, ordered=True) == 2
+        assert await store.replay("shop", "audit", **replay, ordered=False) == 3  # 1, 2, 4
+        assert await store.replay("shop", "payments", **replay, ordered=True) == 0  # had them
+        added = {k: (r.state, r.due_at, r.queue_key) for k, r in (await _deliveries(store)).items()}
+        assert {k: v for k, v in added.items() if k not in before} == {
+            (1, "payments"): ("pending", 2_000, "chat:7"),
+            (4, "payments"): ("pending", 2_000, "chat:7"),
+            (1, "audit"): ("pending", 2_000, None),  # unordered: in no queue
+            (2, "audit"): ("pending", 2_000, None),
+            (4, "audit"): ("pending", 2_000, None),
+        }
+        assert await store.replay("shop", "default", **replay, ordered=True) == 1
+        rows = await _rows(store)
+        assert (rows[4].state, rows[4].due_at, rows[4].settled_at) == ("pending", 2_000, None)
+        # Claimed as any delivery, in update order within the queue.
+        claim = {"now": 2_000, "lease_until": 60_000, "max_attempts": 3, "limit": 5}
+        claimed = await store.claim_next_owned(**claim, destination="payments")
+        assert [c.identity.update_id for c in claimed] == [1]
+        with pytest.raises(ValueError, match="is empty"):
+            await store.replay("shop", "payments", **(replay | {"first": 5}), ordered=True)
+        entries = await store.audit_log(limit=10)
+        assert [(e.action, e.target, e.matched) for e in entries] == [
+            ("replay", "shop/default", 1),
+            ("replay", "shop/audit", 3),
+            ("replay", "shop/payments", 2),
+        ]
+    finally:
+        await store.close()

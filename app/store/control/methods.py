@@ -212,6 +212,64 @@ class ControlMethods(SqlCore):
                 data = {"bot": bot, **_named(key), "at": at}
                 await self._emit(connection, [outbox.Made(kind, at, data)])
 
+    async def replay(
+        self,
+        bot: str,
+        destination: str,
+        *,
+        first: int,
+        last: int,
+        ordered: bool,
+        at: int,
+        by: str,
+        dry_run: bool = False,
+    ) -> int:
+        """Deliver to `destination` the updates of `bot` from `first` to `last` (update ids,
+        inclusive) that it never had (a destination added later; `default` for the rows
+        `unrouted`), their bodies kept: each due at `at`, in its queue when `ordered`. How
+        many; a dry run counts them and changes nothing. More than REPLAY_LIMIT is a
+        ValueError, and nothing is replayed."""
+        bot, at, by = validate.bot_name(bot), validate.millis("at", at), check_actor(by)
+        destination = validate.destination_name(destination)
+        first, last = validate.update_id(first), validate.update_id(last)
+        if first > last:
+            raise ValueError(f"the range {first}-{last} is empty: its first id is above its last")
+        self._operator_tables("replay")
+        deliveries = None
+        if destination != DEFAULT_DESTINATION:
+            deliveries = self._delivery_table(destination)
+        else:
+            self._needing(self.deliveries_table, "replay", "0010")
+        rule = control.replayable(
+            self.table, deliveries, bot=bot, destination=destination, first=first, last=last
+        )
+        statement = control.replay(
+            self.table, deliveries, rule, destination=destination, ordered=ordered, at=at
+        )
+        async with self.transaction() as connection:
+            matched = int((await connection.execute(control.count(self.table, rule))).scalar_one())
+            if matched > REPLAY_LIMIT:
+                raise ValueError(
+                    f"{matched} updates to replay, over {REPLAY_LIMIT:,} at once: narrow the range"
+                )
+            if validate.flag("dry_run", dry_run) or not matched:
+                return matched
+            await connection.execute(statement)
+            detail = {"destination": destination, "first": first, "last": last}
+            await self._record(
+                connection,
+                at=at,
+                by=by,
+                action="replay",
+                target=_target(bot, destination),
+                bots=[bot],
+                detail=detail,
+                matched=matched,
+                changed=matched,
+            )
+        await self.announce()
+        return matched
+
     async def park(self, identity: ClaimIdentity, *, at: int, by: str, reason: str) -> bool:
         """End the attempt of exactly `identity` (leased, live or lapsed, or waiting for its
         retry) as an exhaustion with `reason`, which unblocks its chat; its late settle is
@@ -249,6 +307,9 @@ class ControlMethods(SqlCore):
         if parked is not None:
             await self.announce()
         return parked is not None
+
+
+REPLAY_LIMIT = 100_000  # updates one replay may deliver: a wider range is several replays
 
 
 def _target(bot: str, destination: str | None) -> str:

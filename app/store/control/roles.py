@@ -75,6 +75,23 @@ class Control(Protocol):
         half_open)."""
         ...
 
+    async def replay(
+        self,
+        bot: str,
+        destination: str,
+        *,
+        first: int,
+        last: int,
+        ordered: bool,
+        at: int,
+        by: str,
+        dry_run: bool = False,
+    ) -> int:
+        """Deliver to `destination` the updates of `bot` from `first` to `last` that it never
+        had (revision 0010; for `default`, the rows `unrouted`), bodies kept, due at `at`;
+        recorded in the audit log. How many (a dry run counts and changes nothing)."""
+        ...
+
     async def park(self, identity: ClaimIdentity, *, at: int, by: str, reason: str) -> bool:
         """End the attempt of exactly `identity` (leased, or waiting for its retry) as an
         exhaustion with `reason`: its chat moves on, and its late settle is refused."""

@@ -15,7 +15,11 @@ from sqlalchemy import (
     Update,
     and_,
     case,
+    exists,
+    func,
+    insert,
     literal,
+    null,
     select,
     update,
 )
@@ -230,3 +234,56 @@ def update_state(
     return select(t.c.state, t.c.attempts, t.c.claim_id).where(
         key_is(t, bot, update_id, destination)
     )
+
+
+# -- replay (revision 0010) -----------------------------------------------------------------
+
+
+def replayable(
+    t: Table, d: Table | None, *, bot: str, destination: str, first: int, last: int
+) -> ColumnElement[bool]:
+    """The updates of `bot` from `first` to `last` that `destination` never had, their bodies
+    kept: for `default` (`d` None), the rows `unrouted`; for another, the rows without a
+    delivery to it in `d`."""
+    rules = [t.c.bot == bot, t.c.update_id >= first, t.c.update_id <= last]
+    if "erased_at" in t.c:  # revision 0009: retention may have erased a body
+        rules.append(t.c.erased_at.is_(None))
+    if d is None:
+        rules.append(t.c.state == "unrouted")
+    else:
+        delivered = exists().where(
+            d.c.bot == t.c.bot, d.c.destination == destination, d.c.update_id == t.c.update_id
+        )
+        rules.append(~delivered)
+    return and_(*rules)
+
+
+def count(t: Table, rule: ColumnElement[bool]) -> Select[Any]:
+    return select(func.count()).select_from(t).where(rule)
+
+
+def replay(
+    t: Table,
+    d: Table | None,
+    rule: ColumnElement[bool],
+    *,
+    destination: str,
+    ordered: bool,
+    at: int,
+) -> Insert | Update:
+    """Deliver the rows `rule` selects to `destination`, due at `at`: `default`'s rows become
+    pending; another's gain a pending delivery each, in its queue unless it is unordered."""
+    if d is None:
+        return update(t).where(rule).values(state="pending", due_at=at, settled_at=None)
+    source = select(
+        t.c.bot,
+        literal(destination),
+        t.c.update_id,
+        t.c.queue_key if ordered else null(),
+        t.c.received_at,
+        literal("pending"),
+        literal(0),
+        literal(at),
+    ).where(rule)
+    columns = ["bot", "destination", "update_id", "queue_key", "received_at", "state"]
+    return insert(d).from_select([*columns, "attempts", "due_at"], source)
