@@ -14,14 +14,17 @@ from app.console.forms import (
     acting,
     app_services,
     back_to,
+    destination_field,
     render_page,
     signed_in,
     time_field,
     visible_bot,
     visible_bots,
+    visible_destinations,
 )
 from app.console.session import Session
 from app.store import ExhaustionFilter
+from app.store.types import DEFAULT_DESTINATION
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
@@ -37,6 +40,8 @@ def _exhaustion_filter(
     criteria: dict[str, object] = {name: fields.get(name) or None for name in FILTER_FIELDS}
     for name in ("exhausted_after", "exhausted_before"):
         criteria[name] = time_field(fields.get(name, ""), name.replace("_", " "))
+    destination = destination_field(request, session, fields.get("destination", ""))
+    criteria["destination"] = destination or DEFAULT_DESTINATION
     chosen = Filter.model_validate(criteria)
     visible = visible_bots(request, session)
     return chosen.within((visible_bot(request, session, chosen.bot),) if chosen.bot else visible)
@@ -47,7 +52,7 @@ async def exhaustions(request: Request) -> Response:
     """Open exhaustions by filter; with `preview` (redrive or acknowledge), the dry run's
     count and sample and a form that confirms that count."""
     session = await signed_in(request)
-    query = {name: request.query_params.get(name, "") for name in FILTER_FIELDS}
+    query = {name: request.query_params.get(name, "") for name in (*FILTER_FIELDS, "destination")}
     store = app_services(request).store
     chosen = _exhaustion_filter(request, session, query)
     preview = request.query_params.get("preview") or None
@@ -60,10 +65,11 @@ async def exhaustions(request: Request) -> Response:
         session,
         query=query,
         bots=visible_bots(request, session),
+        destinations=visible_destinations(request, session),
         matched=dry.matched,
         sample=dry.sample,
         preview=preview,
-        named=any(query.values()),
+        named=any(query[name] for name in FILTER_FIELDS),  # a destination chooses no rows
     )
 
 
@@ -90,6 +96,6 @@ async def exhaustions_in_bulk(request: Request, action: str) -> Response:
         done = await services.store.acknowledge_exhaustions(chosen, at=now, by=by)
     else:
         raise HTTPException(404, f"no action {action!r}")
-    filled = {name: form[name] for name in FILTER_FIELDS if form.get(name)}
+    filled = {name: form[name] for name in (*FILTER_FIELDS, "destination") if form.get(name)}
     outcome = {"done": action, "count": str(done.changed), "confirmed": form.get("count", "")}
     return back_to("/console/exhaustions?" + urlencode({**filled, **outcome}))

@@ -22,6 +22,7 @@ from app.console.session import Session, Sessions
 from app.http.failures import Failure, failure_of
 from app.http.sources import Network, came_over_https, client_address
 from app.store import validate
+from app.store.types import DEFAULT_DESTINATION
 
 ROWS_PER_PAGE = 50  # a page of search results or of the audit log
 MAX_FORM_BYTES = 16 << 10  # the largest console form: a filter and a token
@@ -181,6 +182,38 @@ def visible_bot(request: Request, session: Session, name: str) -> str:
     if name not in visible_bots(request, session):
         raise HTTPException(404, f"no bot {name!r} is configured for this key")
     return name
+
+
+def visible_destinations(request: Request, session: Session) -> list[str]:
+    """Every destination of the bots this session's key may see, `default` first."""
+    names = {
+        target.name
+        for bot in app_services(request).settings.bots
+        if session.allows(bot.name)
+        for target in bot.targets
+    }
+    return sorted(names, key=lambda name: (name != DEFAULT_DESTINATION, name))
+
+
+def destination_field(request: Request, session: Session, value: str) -> str | None:
+    """A form's destination: None when empty, 404 for one no bot of the key has."""
+    if not value:
+        return None
+    if value not in visible_destinations(request, session) and value != DEFAULT_DESTINATION:
+        raise HTTPException(404, f"no destination {value!r} is configured for this key")
+    return value
+
+
+def bot_destination(request: Request, session: Session, bot: str, value: str) -> str:
+    """The destination a bot action names (empty: `default`, the bot); 404 for one `bot`
+    lacks."""
+    name = visible_bot(request, session, bot)
+    if not value or value == DEFAULT_DESTINATION:
+        return DEFAULT_DESTINATION
+    configured = app_services(request).settings.bot(name)
+    if configured is None or all(t.name != value for t in configured.targets):
+        raise HTTPException(404, f"bot {name!r} has no destination {value!r}")
+    return value
 
 
 async def signed_in(request: Request, *, seen: bool = True) -> Session:

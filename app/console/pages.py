@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from starlette.responses import RedirectResponse
@@ -22,6 +23,7 @@ from app.console.forms import (
     acting,
     app_services,
     back_to,
+    bot_destination,
     read_form,
     render_page,
     sessions,
@@ -33,6 +35,7 @@ from app.console.session import Session
 from app.http.keys import Keys
 from app.http.throttle import AuthThrottle
 from app.overview import bots_overview
+from app.store.operator_types import BotControl
 from app.store.types import STATES
 
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
@@ -153,7 +156,25 @@ async def bots(request: Request) -> Response:
     services = app_services(request)
     names = visible_bots(request, session)
     found = await bots_overview(services.store, services.settings, names, services.now())
-    return render_page(request, "bots.html", session, bots=found)
+    controls = {
+        (control.bot, control.destination): control
+        for control in await services.store.bot_controls(names, destinations=True)
+    }
+    # Each bot's destinations beside `default`, with their own controls (defaults if never
+    # touched); every destination, `default` too, for the replay form.
+    destinations = {
+        bot.name: [
+            controls.get((bot.name, target.name), BotControl(bot.name, destination=target.name))
+            for target in bot.targets
+            if not target.default
+        ]
+        for bot in services.settings.bots
+        if bot.name in names
+    }
+    targets = {bot.name: [t.name for t in bot.targets] for bot in services.settings.bots}
+    return render_page(
+        request, "bots.html", session, bots=found, destinations=destinations, targets=targets
+    )
 
 
 @router.post("/bots/{bot}/pause")
@@ -161,17 +182,22 @@ async def pause(request: Request, bot: str) -> Response:
     session, form = await acting(request)
     services = app_services(request)
     name = visible_bot(request, session, bot)
+    destination = bot_destination(request, session, name, form.get("destination", ""))
     reason = form.get("reason", "").strip() or None
-    await services.store.pause(name, at=services.now(), by=session.key.label, reason=reason)
+    await services.store.pause(
+        name, at=services.now(), by=session.key.label, reason=reason, destination=destination
+    )
     return back_to("/console/bots")
 
 
 @router.post("/bots/{bot}/resume")
 async def resume(request: Request, bot: str) -> Response:
-    session, _ = await acting(request)
+    session, form = await acting(request)
     services = app_services(request)
+    name = visible_bot(request, session, bot)
+    destination = bot_destination(request, session, name, form.get("destination", ""))
     if await services.store.resume(
-        visible_bot(request, session, bot), at=services.now(), by=session.key.label
+        name, at=services.now(), by=session.key.label, destination=destination
     ):
         await services.wake()
     return back_to("/console/bots")
@@ -187,9 +213,49 @@ async def rate_limit(request: Request, bot: str) -> Response:
         rate = None if given in ("", "off") else float(given)
     except ValueError:
         raise HTTPException(400, f"per second: {given!r} is not a number") from None
-    await services.store.set_rate_limit(name, rate, at=services.now(), by=session.key.label)
+    destination = bot_destination(request, session, name, form.get("destination", ""))
+    await services.store.set_rate_limit(
+        name, rate, at=services.now(), by=session.key.label, destination=destination
+    )
     await services.wake()
     return back_to("/console/bots")
+
+
+@router.post("/bots/{bot}/replay")
+async def replay(request: Request, bot: str) -> Response:
+    """A range of update ids delivered to a destination that never had them; a dry run
+    first (the button the page shows), then the act, each told on the page."""
+    session, form = await acting(request)
+    services = app_services(request)
+    name = visible_bot(request, session, bot)
+    destination = bot_destination(request, session, name, form.get("destination", ""))
+    configured = services.settings.bot(name)
+    ordered = configured is None or all(
+        t.ordered for t in configured.targets if t.name == destination
+    )
+    try:
+        first, last = int(form.get("first", "")), int(form.get("last", ""))
+    except ValueError:
+        raise HTTPException(400, "first and last: update ids, as whole numbers") from None
+    dry_run = form.get("dry_run") == "yes"
+    try:
+        count = await services.store.replay(
+            name,
+            destination,
+            first=first,
+            last=last,
+            ordered=ordered,
+            at=services.now(),
+            by=session.key.label,
+            dry_run=dry_run,
+        )
+    except ValueError as error:
+        raise HTTPException(400, str(error)) from None
+    if count and not dry_run:
+        await services.wake()
+    told = {"replayed": str(count), "bot": name, "destination": destination}
+    told |= {"first": str(first), "last": str(last)} | ({"dry_run": "yes"} if dry_run else {})
+    return back_to("/console/bots?" + urlencode(told))
 
 
 # -- audit -----------------------------------------------------------------------------------

@@ -16,12 +16,14 @@ from app.console.forms import (
     acting,
     app_services,
     back_to,
+    destination_field,
     render_page,
     signed_in,
     telegram_id_field,
     time_field,
     visible_bot,
     visible_bots,
+    visible_destinations,
 )
 from app.store import ClaimIdentity, UpdateFilter
 from app.store.types import DEFAULT_DESTINATION, STATES
@@ -29,8 +31,8 @@ from app.store.types import DEFAULT_DESTINATION, STATES
 router = APIRouter(prefix="/console", route_class=ConsoleRoute, include_in_schema=False)
 
 SEARCH_FIELDS = (
-    "bot", "state", "chat", "user", "update_type", "received_after", "received_before",
-    "contains",
+    "bot", "destination", "state", "chat", "user", "update_type", "received_after",
+    "received_before", "contains",
 )  # fmt: skip
 
 
@@ -63,6 +65,7 @@ async def updates(request: Request) -> Response:
             received_before=time_field(query["received_before"], "received before"),
             contains=query["contains"] or None,
             user=None if user is None else str(user),
+            destination=destination_field(request, session, query["destination"]),
         )
         page = await app_services(request).store.search_updates(
             chosen, after=cursor, limit=ROWS_PER_PAGE
@@ -78,6 +81,7 @@ async def updates(request: Request) -> Response:
         session,
         query=query,
         bots=names,
+        destinations=visible_destinations(request, session),
         states=STATES,
         rows=[] if page is None else page.items,
         following=following,
