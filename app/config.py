@@ -35,7 +35,6 @@ from pydantic_settings import (
 
 from app.api_keys import ApiKey, unnamed_label
 from app.bot_settings import BotOptions, BotSettings, check_signing_secret
-from app.destinations.settings import refuse_undelivered
 from app.logs import LogFormat
 from app.privacy.keyfiles import read_own_ring
 from app.privacy.keyring import (
@@ -382,10 +381,8 @@ class Settings(BaseSettings, BotOptions):
 
     def check_schema(self, store: Lifecycle) -> None:
         """Refuse to serve a bot whose mode the live schema cannot carry: SchemaError naming
-        the bot, its mode and `alembic upgrade head` (docs/design.md decision 1); and, in
-        this release, a bot with `[[bots.destinations]]` tables (`refuse_undelivered`)."""
+        the bot, its mode and `alembic upgrade head` (docs/design.md decision 1)."""
         for bot in self.bots:
-            refuse_undelivered(bot.name, bot.targets)
             store.require(bot.capability, bot.needs)
 
 

@@ -22,13 +22,11 @@ from app.api_keys import ApiKey
 from app.bot_settings import BotOptions, BotSettings
 from app.config import Settings
 from app.demo import demo_downstream
-from app.destinations.settings import refuse_undelivered
 from app.http.connection_limits import ConnectionLimits
 from app.http.server import server_config
 from app.privacy.keyfiles import make_own_ring
 from app.store import StoreError, migrate
 from app.store.engine import normalise_url
-from app.store.errors import SchemaError
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +116,6 @@ def _configuration_problem(settings: Settings, *, workers: bool, demo: bool) -> 
             "no bot configured: set INTAKE_SECRET_TOKEN, add [[bots]] to intake.toml, "
             "or try `telegram-intake run --demo`"
         )
-    try:
-        for bot in settings.bots:
-            refuse_undelivered(bot.name, bot.targets)
-    except SchemaError as error:
-        return str(error)
     missing = [bot.name for bot in settings.bots if bot.downstream_url is None]
     if workers and missing and not demo:
         return (

@@ -33,7 +33,6 @@ from pydantic.fields import FieldInfo
 
 from app.destinations.filters import FilterError, UpdateFilter
 from app.store import validate
-from app.store.errors import SchemaError
 from app.store.types import Capability
 from app.webhook_rules import check_secret_token
 from telegram_intake_kit.wire import DEFAULT_DESTINATION
@@ -237,18 +236,3 @@ def check_signing_secret(value: SecretStr | None) -> SecretStr | None:
         if len(key) < 16:
             raise ValueError("must be whsec_ and base64 of at least 16 random bytes")
     return value
-
-
-def refuse_undelivered(bot: str, targets: tuple[Destination, ...]) -> None:
-    """SchemaError for a `[[bots.destinations]]` table, as the service starts: this release
-    records, claims and delivers per destination, but its operators' views and controls are
-    `default`'s alone (docs/destinations.md); until they land a table is refused rather than
-    accepted and its deliveries out of the operators' sight."""
-    for target in targets:
-        if target.configured:
-            raise SchemaError(
-                f"bot {bot!r}, destination {target.name!r}: this release serves no "
-                "[[bots.destinations]] table yet, since its operators' views and controls "
-                "see destination `default` alone (docs/destinations.md); remove the table, "
-                "or keep it for the release that serves it"
-            )

@@ -64,10 +64,7 @@ class Seeded:
 
 
 @pytest.fixture
-async def seeded(storage: Storage, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Seeded]:
-    # Until the console sees destinations, the service refuses them as it starts
-    # (`refuse_undelivered`, tested on its own); this API serves them.
-    monkeypatch.setattr("app.config.refuse_undelivered", lambda bot, targets: None)
+async def seeded(storage: Storage) -> AsyncIterator[Seeded]:
     async with serving(storage.url(), bots=(_shop(),), api_keys=KEYS) as api:
         at = now_ms()
         every = (Route("default"), Route("payments"), Route("analytics", False))
