@@ -189,6 +189,7 @@ def _updates(settings: Settings, args: argparse.Namespace) -> int:
         received_before=args.received_before,
         contains=args.contains,
         user=None if args.user is None else str(args.user),
+        destination=args.destination,
     )
 
     async def work(store: OperatorStore) -> int:
@@ -394,6 +395,11 @@ def add_commands(commands: Commands) -> None:
         "--user",
         type=telegram_id_argument,
         help="a user's or chat's id named anywhere in the update (sender, member, reply...)",
+    )
+    updates.add_argument(
+        "--destination",
+        type=destination_argument,
+        help="each update as this destination sees it: its delivery's state and attempts",
     )
     updates.add_argument("--limit", type=int, default=50, help="rows (default 50)")
     updates.add_argument("--json", action="store_true", help="print JSON")

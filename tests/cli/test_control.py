@@ -474,6 +474,11 @@ async def test_replay_delivers_a_range_to_a_destination_added_later(
         ("pending", ["payments"]),
         ("pending", ["payments"]),
     ]
+    seen = as_json(cli(url, "updates", "--bot", "shop", "--destination", "payments", "--json"))
+    assert [(u["update_id"], u["destination"], u["state"]) for u in seen] == [
+        (2, "payments", "pending"),
+        (1, "payments", "pending"),
+    ]
     refused(cli(url, "replay", "shop", "--destination", "refunds", *span), 2, "no destination")
     refused(cli(url, "replay", "shop", "--destination", "payments", "--from", "3", "--to", "1"),
             1, "is empty")  # fmt: skip
