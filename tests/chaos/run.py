@@ -158,6 +158,10 @@ class Report:
     lost_ids: list[int] = field(default_factory=list)  # lost where loss is measured
     answered_while_lagging: int | None = None  # answered 200 with nothing reaching the standby
     lost_before_fault: list[float] = field(default_factory=list)  # s from their 200 to the kill
+    # Completed on the new primary, their effect not there: the downstream wrote it on the old
+    # one while nothing reached the standby (its 2xx in that window), and the worker's settle
+    # of the same identity, whose claim had reached it, landed on the new primary after.
+    effects_lost: list[int] = field(default_factory=list)
     exited: list[str] = field(default_factory=list)  # processes that ended by themselves
     first_200_after_fault: float | None = None  # s from the kill to a post's 200, sent after
     lag_before_fault: str = ""  # the standby's, as the primary saw it just before the kill
@@ -240,6 +244,8 @@ class Report:
             before = sorted(self.lost_before_fault)
             span = f"{before[0] * 1000:.0f} to {before[-1] * 1000:.0f} ms" if before else "-"
             rows.append(("lost updates: answered 200 this long before the kill", span))
+            rows.append(("effects lost with the old primary (2xx while lagging)",
+                         f"{len(self.effects_lost):,}"))  # fmt: skip
             if self.answered_while_lagging is not None:
                 lagging = f"{self.answered_while_lagging:,}"
                 rows.append(("answered 200 while nothing reached the standby", lagging))
@@ -379,7 +385,7 @@ async def run(plan: Plan, directory: Path, admin_url: str) -> Report:
             report.exited = fleet.exited()
         finally:
             fleet.stop()
-        await asyncio.to_thread(_judge, report, database.url, journal, accepted)
+        await asyncio.to_thread(_judge, report, database.url, journal, accepted, database.moments)
         _gaps(report, database, accepted, journal)
         secrets = [SECRET, DOWNSTREAM_SECRET, SIGNING_SECRET, API_KEY, BOT_TOKEN]
         secrets += [database.password] if database.password else []
@@ -604,7 +610,13 @@ async def _drained(database_url: str, within: float, report: Report) -> None:
         await asyncio.sleep(0.5)
 
 
-def _judge(report: Report, database_url: str, journal: Path, accepted: dict[int, float]) -> None:
+def _judge(
+    report: Report,
+    database_url: str,
+    journal: Path,
+    accepted: dict[int, float],
+    moments: dict[str, float],
+) -> None:
     with psycopg.connect(database_url) as connection:
         rows = {
             update_id: (state, attempts, claim_id, acknowledged)
@@ -629,6 +641,7 @@ def _judge(report: Report, database_url: str, journal: Path, accepted: dict[int,
     chats: dict[int, list[int]] = defaultdict(list)
     exhaustions: set[tuple[int, int, str]] = set()
     successes: Counter[int] = Counter()
+    succeeded_at: dict[int, list[float]] = defaultdict(list)  # when the downstream said 2xx
     for event in events:
         key = (event["update_id"], event["attempt"], event["claim_id"])
         if event["event"] == "arrived":
@@ -638,6 +651,7 @@ def _judge(report: Report, database_url: str, journal: Path, accepted: dict[int,
             report.answers[event["status"]] += 1
             if 200 <= event["status"] < 300:
                 successes[event["update_id"]] += 1
+                succeeded_at[event["update_id"]].append(event["at"])
             if event["status"] == 409:
                 report.stale_attempts_refused += 1
         elif event["event"] == "exhaustion":
@@ -653,6 +667,15 @@ def _judge(report: Report, database_url: str, journal: Path, accepted: dict[int,
             report.lost += 1
             report.problems.append(f"update {update_id} lost: row {row}")
         elif row[0] == "completed" and update_id not in effects:
+            lagging, killed = moments.get("lagging"), moments.get("killed")
+            if (
+                report.loss_is_measured
+                and lagging is not None
+                and killed is not None
+                and any(lagging <= at <= killed for at in succeeded_at[update_id])
+            ):
+                report.effects_lost.append(update_id)
+                continue
             report.lost += 1
             report.problems.append(f"update {update_id} completed without its effect")
     report.delivered = sum(1 for row in rows.values() if row[0] == "completed")
