@@ -116,7 +116,7 @@ def test_the_v1_api_answers_as_its_document_says(api_schema: Any, served: Served
     # plugin (its collection hook does not work with this pytest).
     headers = bearer(KEY)
     operations = [result.ok() for result in api_schema.get_all_operations()]
-    assert len(operations) == 18, [operation.label for operation in operations]
+    assert len(operations) == 19, [operation.label for operation in operations]
     for operation in operations:
 
         @given(case=operation.as_strategy())
