@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from app.store import validate
+from app.store.types import DEFAULT_DESTINATION
 
 # `viewer` reads (GET routes, the console's pages); `operator` also acts (pause, redrive, park,
 # acknowledge...); `operations` is what `operator` was called before operator control, kept.
@@ -101,3 +103,20 @@ def unnamed_label(key: ApiKey, index: int, secret: SecretStr | None) -> str:
         secret.get_secret_value().encode(), key.key.get_secret_value().encode(), hashlib.sha256
     )
     return f"key-{digest.hexdigest()[:12]}"
+
+
+def check_limits(keys: Sequence[ApiKey], destinations: Mapping[str, Sequence[str]]) -> None:
+    """ValueError naming the first key limited to a bot that is not configured, or to a
+    destination none of its bots has (`destinations`: each bot's destinations' names)."""
+    for index, api_key in enumerate(keys):
+        unknown = sorted(set(api_key.bots or ()) - set(destinations))
+        if unknown:
+            raise ValueError(f"api_keys.{index}.bots: {unknown} are not configured bots")
+        reachable = {DEFAULT_DESTINATION}.union(
+            *(names for bot, names in destinations.items() if api_key.allows(bot))
+        )
+        unknown = sorted(set(api_key.destinations or ()) - reachable)
+        if unknown:
+            raise ValueError(
+                f"api_keys.{index}.destinations: {unknown} are not destinations of the key's bots"
+            )

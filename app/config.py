@@ -33,7 +33,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from app.api_keys import ApiKey, unnamed_label
+from app.api_keys import ApiKey, check_limits, unnamed_label
 from app.bot_settings import BotOptions, BotSettings, check_signing_secret
 from app.logs import LogFormat
 from app.privacy.keyfiles import read_own_ring
@@ -49,7 +49,6 @@ from app.store.codec import Codec
 from app.store.engine import normalise_url
 from app.store.lifecycle import Lifecycle
 from app.store.schema import DEFAULT_TABLE
-from app.store.types import DEFAULT_DESTINATION
 from app.webhook_rules import is_local_bot_api, max_connections_problem
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/intake.db"
@@ -271,22 +270,7 @@ class Settings(BaseSettings, BotOptions):
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
             raise ValueError(f"bots: names {duplicated} appear more than once")
-        for index, api_key in enumerate(self.api_keys):
-            unknown = sorted(set(api_key.bots or ()) - set(names))
-            if unknown:
-                raise ValueError(f"api_keys.{index}.bots: {unknown} are not configured bots")
-            reachable = {DEFAULT_DESTINATION} | {
-                target.name
-                for bot in self.bots
-                if api_key.allows(bot.name)
-                for target in bot.targets
-            }
-            unknown = sorted(set(api_key.destinations or ()) - reachable)
-            if unknown:
-                raise ValueError(
-                    f"api_keys.{index}.destinations: {unknown} are not destinations of "
-                    "the key's bots"
-                )
+        check_limits(self.api_keys, {bot.name: [t.name for t in bot.targets] for bot in self.bots})
         keys = [api_key.key.get_secret_value() for api_key in self.api_keys]
         if len(set(keys)) != len(keys):
             raise ValueError("api_keys: a key appears more than once")

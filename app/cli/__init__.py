@@ -3,8 +3,9 @@
 - `app.cli.service`: run, serve, worker, migrate, demo-downstream;
 - `app.cli.telegram`: set-webhook, webhook-info (the Bot API);
 - `app.cli.operations`: exhaustions list, stats, send;
-- `app.cli.control`: operator control: bots, pause, resume, rate-limit, updates, attempts,
-  park, audit;
+- `app.cli.bot_control`: operator control of bots and destinations: bots, pause, resume,
+  rate-limit, replay;
+- `app.cli.control`: operator control of updates: updates, attempts, park, audit;
 - `app.cli.exhaustion_actions`: exhaustions redrive|ack;
 - `app.cli.terminal`: what the operator commands share: arguments, the actor, tables and JSON.
 
@@ -22,7 +23,15 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from app import logs
-from app.cli import control, exhaustion_actions, operations, privacy, service, telegram
+from app.cli import (
+    bot_control,
+    control,
+    exhaustion_actions,
+    operations,
+    privacy,
+    service,
+    telegram,
+)
 from app.cli.service import Handler, run_loop
 from app.config import Settings, describe
 
@@ -40,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     telegram.add_commands(commands)
     exhaustions = operations.add_commands(commands)
     exhaustion_actions.add_exhaustion_actions(exhaustions)
+    bot_control.add_commands(commands)
     control.add_commands(commands)
     privacy.add_commands(commands)
     return parser
