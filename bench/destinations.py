@@ -19,6 +19,8 @@ deliveries/s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -148,7 +150,52 @@ async def main(*, quick: bool = False) -> str:
         "| backend | destinations | recorded updates/s | x one | deliveries/s | x one |\n"
         "| --- | --- | --- | --- | --- | --- |"
     )
-    return head + "\n" + "\n".join(rows)
+    return head + "\n" + "\n".join(rows) + "\n\n" + await _over_http(quick=quick)
+
+
+# The intake over HTTP: `serve`'s app (bench/intake_servers.py) with each bot shape, wrk at 64
+# connections as `bench intake` runs it; the shapes take turns, round after round.
+HTTP_SHAPES = {"one": "intake", "four, all": "four-all", "four, disjoint": "four-disjoint"}
+
+
+async def _over_http(*, quick: bool) -> str:
+    """Each shape's intake rate over HTTP on each backend, and its ratio over `one`'s in the
+    same round (the median of the rounds'); every answered update counted in the table."""
+    from bench.intake import SPAN, count_stored, measure  # the `bench` extra: wrk, aiogram
+
+    seconds, warm_up, rounds = (2, 1, 1) if quick else (8, 2, 3)
+    ids = (n * SPAN for n in itertools.count(1))
+    rows = []
+    with tempfile.TemporaryDirectory() as directory, contextlib.ExitStack() as drops:
+        for backend in ("postgresql", "sqlite"):
+            found: dict[str, list[float]] = {shape: [] for shape in HTTP_SHAPES}
+            for _ in range(rounds):
+                for shape, kind in HTTP_SHAPES.items():
+                    url, drop = await fresh_storage(backend, Path(directory))
+                    drops.callback(drop)
+                    loads = await measure(kind, url, seconds, warm_up, ids)
+                    count_stored(url, loads.values())
+                    # Every update answered 200 is there; one in flight as wrk stopped may be.
+                    wrong = [
+                        load
+                        for load in loads.values()
+                        if load.stored is None or not load.ok <= load.stored <= load.sent
+                    ]
+                    if wrong:
+                        raise RuntimeError(f"{backend}, {shape}: rows lost or extra: {wrong}")
+                    found[shape].append(loads[64].rate)
+            for shape, rates in found.items():
+                ratios = [rate / one for rate, one in zip(rates, found["one"], strict=True)]
+                rows.append(
+                    f"| {backend} | {shape} | {statistics.median(rates):,.0f} "
+                    f"| {statistics.median(ratios):.2f} |"
+                )
+    return (
+        f"The intake over HTTP (wrk, 64 connections, {seconds} s after {warm_up} s, "
+        f"{rounds} round(s)), {_cores()} cores\n\n"
+        "| backend | destinations | updates/s answered 200 | x one |\n| --- | --- | --- | --- |\n"
+        + "\n".join(rows)
+    )
 
 
 def _cores() -> int:

@@ -45,6 +45,7 @@ from pydantic import SecretStr
 from app import tracing
 from app.bot_settings import BotSettings
 from app.config import Settings
+from app.destinations.settings import DestinationSettings
 from app.http.front import Service
 from app.http.server import server_config
 from app.intake.route import Intake
@@ -72,8 +73,37 @@ class NullCommitter:
         return True
 
 
-def settings(database_url: str) -> Settings:
-    bot = BotSettings(name=BOT, secret_token=SecretStr(SECRET))
+# The bot's destinations by server kind (bench/destinations.py): `intake` has none (no
+# downstream_url either: what it records is all it does); `four-all`, `default` and three more
+# each taking every update; `four-disjoint`, four each taking update types of their own (the
+# load's messages go to `default` alone, after every filter is run).
+FANOUT: dict[str, list[dict[str, object]]] = {
+    "four-all": [{"name": name, "url": f"http://{HOST}:9/{name}"} for name in
+                 ("payments", "moderation", "analytics")],
+    "four-disjoint": [
+        {"name": "default", "url": f"http://{HOST}:9/default", "filter": ["message", "edit"]},
+        {"name": "payments", "url": f"http://{HOST}:9/p",
+         "filter": ["pre_checkout_query", "shipping_query"]},
+        {"name": "moderation", "url": f"http://{HOST}:9/m",
+         "filter": ["chat_member", "message_reaction"]},
+        {"name": "analytics", "url": f"http://{HOST}:9/a",
+         "filter": ["callback_query", "inline_query"]},
+    ],
+}  # fmt: skip
+
+
+def settings(database_url: str, kind: str = "intake") -> Settings:
+    if kind not in FANOUT:
+        bot = BotSettings(name=BOT, secret_token=SecretStr(SECRET))
+        return Settings(database_url=database_url, bots=(bot,))
+    tables = tuple(DestinationSettings.model_validate(table) for table in FANOUT[kind])
+    bot = BotSettings(
+        name=BOT,
+        secret_token=SecretStr(SECRET),
+        # `default` is downstream_url, unless a table of its own names it (four-disjoint).
+        downstream_url=None if kind == "four-disjoint" else f"http://{HOST}:9/default",  # type: ignore[arg-type]
+        destinations=tables,
+    )
     return Settings(database_url=database_url, bots=(bot,))
 
 
@@ -95,8 +125,8 @@ def ceiling_app(configured: Settings) -> Service:
 
 def serve_uvicorn(kind: str, database_url: str) -> None:
     tracing.start_tracing("serve")  # as `telegram-intake serve`: on when OTEL_* asks
-    configured = settings(database_url)
-    app = create_app(configured) if kind == "intake" else ceiling_app(configured)
+    configured = settings(database_url, kind)
+    app = ceiling_app(configured) if kind == "ceiling" else create_app(configured)
     AnnouncingServer(server_config(app, host=HOST, port=0, log_level="warning")).run()
 
 
