@@ -378,6 +378,7 @@ V1_ROUTES = {
     ("post", "/v1/bots/{bot}/pause"): "PauseRequest",
     ("post", "/v1/bots/{bot}/resume"): None,
     ("post", "/v1/bots/{bot}/rate-limit"): "RateLimitRequest",
+    ("post", "/v1/bots/{bot}/replay"): "ReplayRequest",
     ("get", "/v1/updates"): None,
     ("get", "/v1/updates/{bot}/{update_id}/attempts"): None,
     ("post", "/v1/updates/{bot}/{update_id}/park"): "ParkRequest",
