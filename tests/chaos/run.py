@@ -615,7 +615,7 @@ def _judge(
     database_url: str,
     journal: Path,
     accepted: dict[int, float],
-    moments: dict[str, float],
+    moments: dict[str, float] | None = None,  # the database fault's (cluster.py), if any
 ) -> None:
     with psycopg.connect(database_url) as connection:
         rows = {
@@ -667,7 +667,7 @@ def _judge(
             report.lost += 1
             report.problems.append(f"update {update_id} lost: row {row}")
         elif row[0] == "completed" and update_id not in effects:
-            lagging, killed = moments.get("lagging"), moments.get("killed")
+            lagging, killed = (moments or {}).get("lagging"), (moments or {}).get("killed")
             if (
                 report.loss_is_measured
                 and lagging is not None
