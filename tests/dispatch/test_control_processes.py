@@ -388,9 +388,15 @@ async def test_a_paced_redrive_of_10000_exhaustions_delivers_each_once_in_chat_o
 
         assert len(received) == len(updates), "some update arrived more than once"
         assert sorted(r.update_id for r in received) == sorted(chat_of)
-        assert {r.attempt for r in received} == {2}  # the attempt numbers continue
+        # The attempt numbers continue: 2, or more where a forward failed on a loaded machine
+        # (one CI run: the breaker opened after five in a row) and was retried; never 1.
+        assert min(r.attempt for r in received) == 2
         assert_chat_order(received, chat_of)
-        assert Counter(table_rows(url, "state", "attempts")) == {("completed", 2): len(updates)}
+        arrived = {r.update_id: r.attempt for r in received}  # each row counts its own
+        rows = table_rows(url, "update_id", "state", "attempts")
+        assert {(int(u), s, int(a)) for u, s, a in rows} == {
+            (update_id, "completed", attempt) for update_id, attempt in arrived.items()
+        }
 
         # Paced: the k-th arrival no sooner than k/rate after the redrive was asked (its `at`
         # is later still), less 50 ms for the processes' clocks agreeing to within a sync.
