@@ -2,7 +2,8 @@
 
 Options size the run (`--updates`, `--chats`, `--workers`, `--intakes`); `--runs 3` repeats it;
 `--pgbouncer` puts PgBouncer in transaction pooling mode between the service and PostgreSQL;
-`--failover sync` (or `async`) kills a primary and promotes its standby instead of the crash.
+`--failover sync` (or `async`) kills a primary and promotes its standby instead of the crash;
+`--destinations 3` gives the bot three destinations, each taking every update.
 The logs of every process and the downstream's journal stay in `--keep DIR` when given.
 """
 
@@ -18,6 +19,8 @@ from pathlib import Path
 from tests.chaos.run import Plan, run
 from tests.conftest import POSTGRES_URL, _libpq
 
+DESTINATIONS = ("default", "payments", "analytics", "moderation")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
@@ -28,6 +31,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=plan.workers)
     parser.add_argument("--rate", type=float, help="updates posted per second (default: flat out)")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--destinations",
+        type=int,
+        choices=range(1, len(DESTINATIONS) + 1),
+        default=1,
+        help="the bot's destinations, each taking every update (default: 1, `default` alone)",
+    )
     parser.add_argument(
         "--pgbouncer",
         action="store_true",
@@ -48,6 +58,7 @@ def main() -> None:
         workers=args.workers,
         rate=args.rate,
         pgbouncer=args.pgbouncer,
+        destinations=DESTINATIONS[: args.destinations],
     )
     if args.failover:  # no process is restarted: each must find the new primary itself
         plan = replace(

@@ -3,15 +3,16 @@ its one effect per update fenced, in the service's own database.
 
 Run as its own process: `python -m tests.chaos.downstream PORT DATABASE_URL JOURNAL HANG [HOST]`.
 
-For each forwarded attempt, decided by the attempt's own (update_id, attempt) so that reruns
-behave alike:
+For each forwarded attempt, decided by the attempt's own (destination, update_id, attempt) so
+that reruns behave alike (each destination of a bot fails and hangs on its own draws):
 - an update in the rejected set (`rejected`) answers 400, which exhausts it;
 - 10% answer 500, which retries it;
 - 5% hang past the worker's forward timeout, then try their write anyway, as a slow handler
   whose client gave up would: the attempt is stale by then and its owns check must refuse it;
 - the rest write the effect in one transaction with `telegram_intake_owns` (docs/design.md decision
-  3): written only while the attempt owns the update, once per update; 200 when it owns the
-  update (written now or before), 409 when it does not, 503 when the database is away.
+  3; its five-argument form, with the destination from `X-Intake-Destination`): written only
+  while the attempt owns the delivery, once per delivery; 200 when it owns the delivery (written
+  now or before), 409 when it does not, 503 when the database is away.
 
 Every request is appended to the journal (JSON lines, in arrival order, each with the time)
 when it arrives and again with its answer, a hanging one also when its client gives up on it
@@ -44,10 +45,11 @@ REJECT_EVERY = 97
 EFFECTS = """
 CREATE TABLE IF NOT EXISTS chaos_effects (
     bot text NOT NULL,
+    destination text NOT NULL,
     update_id bigint NOT NULL,
     attempt integer NOT NULL,
     claim_id text NOT NULL,
-    PRIMARY KEY (bot, update_id)
+    PRIMARY KEY (bot, destination, update_id)
 )
 """
 
@@ -57,10 +59,14 @@ def rejected(update_id: int) -> bool:
     return update_id % REJECT_EVERY == 0
 
 
-def fate(update_id: int, attempt: int) -> str:
+def fate(destination: str, update_id: int, attempt: int) -> str:
+    """What the downstream does with this attempt of this delivery: the same every run."""
     if rejected(update_id):
         return "reject"
-    draw = random.Random(f"{update_id}:{attempt}").random()
+    seed = f"{update_id}:{attempt}"
+    if destination != "default":
+        seed = f"{destination}:{seed}"
+    draw = random.Random(seed).random()
     if draw < FAIL_RATE:
         return "fail"
     if draw < FAIL_RATE + HANG_RATE:
@@ -101,6 +107,7 @@ class Downstream:
         update = json.loads(body)
         identity = {
             "bot": request.headers["x-intake-bot"],
+            "destination": request.headers.get("x-intake-destination", "default"),
             "update_id": int(request.headers["x-intake-update-id"]),
             "attempt": int(request.headers["x-intake-attempt"]),
             "claim_id": request.headers["x-intake-claim-id"],
@@ -112,7 +119,7 @@ class Downstream:
         return JSONResponse({"owned": owned}, status)
 
     async def _handle(self, identity: dict[str, Any], request: Request) -> tuple[int, bool | None]:
-        what = fate(identity["update_id"], identity["attempt"])
+        what = fate(identity["destination"], identity["update_id"], identity["attempt"])
         if what == "reject":
             return 400, None
         if what == "fail":
@@ -138,16 +145,17 @@ class Downstream:
     async def _write(self, identity: dict[str, Any]) -> bool:
         async with self._pool.connection(timeout=5) as connection, connection.transaction():
             cursor = await connection.execute(
-                "SELECT telegram_intake_owns(%(bot)s, %(update_id)s, %(attempt)s, %(claim_id)s)",
+                "SELECT telegram_intake_owns(%(bot)s, %(destination)s, %(update_id)s, "
+                "%(attempt)s, %(claim_id)s)",
                 identity,
             )
             row = await cursor.fetchone()
             if row is None or not row[0]:
                 return False
             await connection.execute(
-                "INSERT INTO chaos_effects (bot, update_id, attempt, claim_id) "
-                "VALUES (%(bot)s, %(update_id)s, %(attempt)s, %(claim_id)s) "
-                "ON CONFLICT (bot, update_id) DO NOTHING",
+                "INSERT INTO chaos_effects (bot, destination, update_id, attempt, claim_id) "
+                "VALUES (%(bot)s, %(destination)s, %(update_id)s, %(attempt)s, %(claim_id)s) "
+                "ON CONFLICT (bot, destination, update_id) DO NOTHING",
                 identity,
             )
             return True
@@ -155,7 +163,10 @@ class Downstream:
     async def exhausted(self, request: Request) -> JSONResponse:
         record = await request.json()
         fields = ("bot", "update_id", "attempt", "claim_id", "error")
-        self.record(event="exhaustion", **{name: record[name] for name in fields})
+        destination = record.get("destination", "default")  # named beside `default` only
+        self.record(
+            event="exhaustion", destination=destination, **{name: record[name] for name in fields}
+        )
         return JSONResponse({})
 
 

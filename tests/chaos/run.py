@@ -6,9 +6,14 @@ load generator that posts `updates` distinct updates over `chats` chats to the i
 chat's updates in order, as Telegram does, retrying anything but a 200, and posting a few
 updates a second time. Meanwhile a random worker is killed with SIGKILL every few seconds and
 started again, and PostgreSQL is crashed and restarted once, when half the updates are in.
+With `Plan.destinations` beyond `default` (`--destinations 3`), the bot has more destinations
+(`[[bots.destinations]]` of a config file the run writes), each taking every update: each
+delivery is claimed, forwarded, fenced and judged on its own, and the report counts each
+destination apart.
 
-Audit triggers record every change of every row, and every effect in the same sequence with
-the fence checked again at the write. At the end, with the queue drained:
+Audit triggers record every change of every delivery's row (the update's own for `default`,
+`_deliveries` for the others), and every effect in the same sequence with the fence checked
+again at the write. At the end, with the queue drained, for each destination:
 - lost: an update answered 200 that is not completed or exhausted, or completed without its
   effect;
 - stale writes accepted: a row change that moved the identity other than as a claim (of a row
@@ -57,6 +62,7 @@ import aiohttp
 import psycopg
 from sqlalchemy.engine import make_url
 
+from app.bot_settings import BotOptions
 from app.dispatch.runner import EXPIRED
 from app.store.migrate import upgrade
 from app.store.predicates import SPENT_ERROR
@@ -76,7 +82,7 @@ AUDIT = """
 CREATE TABLE chaos_audit (
     id bigserial PRIMARY KEY,
     kind text NOT NULL DEFAULT 'row',
-    bot text, update_id bigint,
+    bot text, destination text, update_id bigint,
     old_state text, new_state text,
     old_attempts integer, new_attempts integer,
     old_claim_id text, new_claim_id text,
@@ -84,15 +90,20 @@ CREATE TABLE chaos_audit (
     fenced boolean,
     old_due_at bigint  -- a processing row's: its lease's end
 );
+-- The update's row is `default`'s delivery; a `_deliveries` row names its destination.
 CREATE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO chaos_audit (bot, update_id, old_state, new_state, old_attempts, new_attempts,
-                             old_claim_id, new_claim_id, error, acknowledged, old_due_at)
-    VALUES (NEW.bot, NEW.update_id, OLD.state, NEW.state, OLD.attempts, NEW.attempts,
-            OLD.claim_id, NEW.claim_id, NEW.error, NEW.acknowledged_at IS NOT NULL, OLD.due_at);
+    INSERT INTO chaos_audit (bot, destination, update_id, old_state, new_state, old_attempts,
+                             new_attempts, old_claim_id, new_claim_id, error, acknowledged,
+                             old_due_at)
+    VALUES (NEW.bot, coalesce(to_jsonb(NEW) ->> 'destination', 'default'), NEW.update_id,
+            OLD.state, NEW.state, OLD.attempts, NEW.attempts, OLD.claim_id, NEW.claim_id,
+            NEW.error, NEW.acknowledged_at IS NOT NULL, OLD.due_at);
     RETURN NULL;
 END $$;
 CREATE TRIGGER chaos_audit AFTER UPDATE ON telegram_updates
+    FOR EACH ROW EXECUTE FUNCTION chaos_audit();
+CREATE TRIGGER chaos_audit AFTER UPDATE ON telegram_updates_deliveries
     FOR EACH ROW EXECUTE FUNCTION chaos_audit();
 -- Each effect, in the same sequence as the row's changes, with the fence checked again at the
 -- moment of the write, independently of telegram_intake_owns: the writer's identity is the
@@ -102,11 +113,17 @@ CREATE FUNCTION chaos_effect_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     r record;
 BEGIN
-    SELECT state, attempts, claim_id, due_at INTO r FROM telegram_updates
-        WHERE bot = NEW.bot AND update_id = NEW.update_id;
-    INSERT INTO chaos_audit (kind, bot, update_id, old_state, new_state, old_attempts,
-                             new_attempts, old_claim_id, new_claim_id, fenced)
-    VALUES ('effect', NEW.bot, NEW.update_id, r.state, r.state, NEW.attempt, r.attempts,
+    IF NEW.destination = 'default' THEN
+        SELECT state, attempts, claim_id, due_at INTO r FROM telegram_updates
+            WHERE bot = NEW.bot AND update_id = NEW.update_id;
+    ELSE
+        SELECT state, attempts, claim_id, due_at INTO r FROM telegram_updates_deliveries
+            WHERE bot = NEW.bot AND destination = NEW.destination AND update_id = NEW.update_id;
+    END IF;
+    INSERT INTO chaos_audit (kind, bot, destination, update_id, old_state, new_state,
+                             old_attempts, new_attempts, old_claim_id, new_claim_id, fenced)
+    VALUES ('effect', NEW.bot, NEW.destination, NEW.update_id, r.state, r.state, NEW.attempt,
+            r.attempts,
             NEW.claim_id, r.claim_id,
             r.state = 'processing' AND r.attempts = NEW.attempt AND r.claim_id = NEW.claim_id
             AND r.due_at >= floor(extract(epoch FROM now()) * 1000));
@@ -135,6 +152,20 @@ class Plan:
     rate: float | None = None  # updates posted per second in all; None: as fast as they go
     seed: int = 7
     pgbouncer: bool = False  # the service and the downstream through PgBouncer
+    # The bot's destinations, each taking every update; beyond `default`, [[bots.destinations]]
+    # of a config file the run writes.
+    destinations: tuple[str, ...] = ("default",)
+
+
+@dataclass
+class Tally:
+    """One destination's share of the report."""
+
+    delivered: int = 0
+    exhausted: int = 0
+    lost: int = 0
+    stale_writes_accepted: int = 0
+    order_violations: int = 0
 
 
 @dataclass
@@ -175,6 +206,10 @@ class Report:
     load_seconds: float = 0.0
     drain_seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
+    by_destination: dict[str, Tally] = field(default_factory=dict)
+
+    def tally(self, destination: str) -> Tally:
+        return self.by_destination.setdefault(destination, Tally())
 
     @property
     def loss_is_measured(self) -> bool:
@@ -204,6 +239,7 @@ class Report:
         refusals = ", ".join(f"{what}: {n:,}" for what, n in sorted(self.refusals.items()))
         rows = [
             ("processes", f"{plan.intakes} intake, {plan.workers} worker, 1 downstream"),
+            ("destinations (each takes every update)", ", ".join(plan.destinations)),
             ("updates posted (distinct)", f"{plan.updates:,} over {plan.chats:,} chats"),
             ("updates accepted (200)", f"{self.accepted:,}"),
             ("posted twice (duplicates, 200)", f"{self.reposted:,}"),
@@ -226,6 +262,7 @@ class Report:
                 + (": lost settles, redelivered" if self.loss_is_measured else ""),
                 f"{self.order_violations:,}",
             ),
+            *self._destination_rows(),
             ("secrets found in logs (must be 0)", f"{self.secrets_in_logs:,}"),
             ("downstream answers", answers),
             ("workers killed (SIGKILL) and restarted", f"{self.workers_killed:,}"),
@@ -252,6 +289,21 @@ class Report:
         lines = ["| measure | value |", "| --- | --- |"]
         lines += [f"| {name} | {value} |" for name, value in rows]
         return "\n".join(lines)
+
+    def _destination_rows(self) -> list[tuple[str, str]]:
+        """With several destinations, each one's row: delivered, exhausted, and what must be 0."""
+        if len(self.plan.destinations) < 2:
+            return []
+        rows = []
+        for destination in self.plan.destinations:
+            t = self.tally(destination)
+            rows.append((
+                f"destination {destination}: delivered / exhausted / **lost / stale writes / "
+                "order violations** (each must be 0)",
+                f"{t.delivered:,} / {t.exhausted:,} / **{t.lost:,} / {t.stale_writes_accepted:,}"
+                f" / {t.order_violations:,}**",
+            ))  # fmt: skip
+        return rows
 
 
 def _seconds(value: float | None) -> str:
@@ -350,7 +402,7 @@ async def run(plan: Plan, directory: Path, admin_url: str) -> Report:
         service_url = database.url  # the service's and the downstream's; the judge's is direct
         journal = directory / "downstream.jsonl"
         downstream_port = free_port()
-        env = _environment(plan, database.url, f"http://127.0.0.1:{downstream_port}")
+        env = _environment(plan, database.url, f"http://127.0.0.1:{downstream_port}", directory)
         if plan.pgbouncer:
             server = make_url(database.url)
             bouncer = stack.enter_context(
@@ -439,10 +491,13 @@ def _gaps(report: Report, database: Database, accepted: dict[int, float], journa
     report.first_delivery_after_promotion = min(deliveries) - promoted if deliveries else None
 
 
-def _environment(plan: Plan, database_url: str, downstream: str) -> dict[str, str]:
+def _environment(plan: Plan, database_url: str, downstream: str, directory: Path) -> dict[str, str]:
     """Every process's settings: the tests' process environment, with the run's secrets (which
-    the logs must never show) and its leases, timeouts and pauses."""
-    return environment(
+    the logs must never show) and its leases, timeouts and pauses. With destinations beyond
+    `default`, the bot's own settings move to a config file in `directory` (a `[[bots]]` table
+    and its `[[bots.destinations]]`, each to the same downstream, which tells them apart by
+    `X-Intake-Destination`)."""
+    env = environment(
         database_url,
         f"{downstream}/hook",
         secret_token=SECRET,
@@ -462,6 +517,23 @@ def _environment(plan: Plan, database_url: str, downstream: str) -> dict[str, st
         exhaustion_retry_seconds=1,
         log_format="json",
     )
+    if plan.destinations == ("default",):
+        return env
+    bot = [
+        f"name = {json.dumps(BOT)}",
+        f"secret_token = {json.dumps(env.pop('INTAKE_SECRET_TOKEN'))}",
+    ]
+    for option in BotOptions.model_fields:
+        if (value := env.pop(f"INTAKE_{option.upper()}", None)) is not None:
+            bot.append(f"{option} = {json.dumps(value)}")
+    tables = ["[[bots]]", *bot]
+    for destination in plan.destinations:
+        if destination != "default":
+            tables += ["", "[[bots.destinations]]", f"name = {json.dumps(destination)}"]
+            tables.append(f"url = {json.dumps(f'{downstream}/hook')}")
+    config = directory / "intake.toml"
+    config.write_text("\n".join(tables) + "\n")
+    return env | {"INTAKE_CONFIG": str(config)}
 
 
 def _prepare(database_url: str, *, pgbouncer: bool = False) -> None:
@@ -590,11 +662,16 @@ async def _load(plan: Plan, fleet: Fleet, faults: Faults, report: Report) -> dic
 
 
 async def _drained(database_url: str, within: float, report: Report) -> None:
-    """Wait until no row is waiting to be delivered and every exhaustion is acknowledged."""
+    """Wait until no delivery is waiting and every exhaustion is acknowledged, in every
+    destination."""
     deadline = time.monotonic() + within
+    waiting = (
+        "state IN ('pending', 'processing', 'failed') "
+        "OR (state = 'abandoned' AND acknowledged_at IS NULL)"
+    )
     query = (
-        "SELECT count(*) FROM telegram_updates WHERE state IN ('pending', 'processing', "
-        "'failed') OR (state = 'abandoned' AND acknowledged_at IS NULL)"
+        f"SELECT (SELECT count(*) FROM telegram_updates WHERE {waiting}) "
+        f"+ (SELECT count(*) FROM telegram_updates_deliveries WHERE {waiting})"
     )
     while True:
         try:
@@ -610,6 +687,17 @@ async def _drained(database_url: str, within: float, report: Report) -> None:
         await asyncio.sleep(0.5)
 
 
+# A delivery: (destination, update_id).
+Key = tuple[str, int]
+DELIVERIES = """
+SELECT 'default', update_id, state, attempts, claim_id, acknowledged_at IS NOT NULL
+  FROM telegram_updates WHERE bot = %(bot)s AND state <> 'unrouted'
+UNION ALL
+SELECT destination, update_id, state, attempts, claim_id, acknowledged_at IS NOT NULL
+  FROM telegram_updates_deliveries WHERE bot = %(bot)s
+"""
+
+
 def _judge(
     report: Report,
     database_url: str,
@@ -618,106 +706,123 @@ def _judge(
     moments: dict[str, float] | None = None,  # the database fault's (cluster.py), if any
 ) -> None:
     with psycopg.connect(database_url) as connection:
-        rows = {
-            update_id: (state, attempts, claim_id, acknowledged)
-            for update_id, state, attempts, claim_id, acknowledged in connection.execute(
-                "SELECT update_id, state, attempts, claim_id, acknowledged_at IS NOT NULL "
-                "FROM telegram_updates WHERE bot = %s",
-                (BOT,),
+        rows: dict[Key, tuple[str, int, str, bool]] = {
+            (destination, update_id): (state, attempts, claim_id, acknowledged)
+            for destination, update_id, state, attempts, claim_id, acknowledged in (
+                connection.execute(DELIVERIES, {"bot": BOT})
             )
         }
-        audit = connection.execute(
-            "SELECT update_id, old_state, new_state, old_attempts, new_attempts, old_claim_id, "
-            "new_claim_id, error, acknowledged, kind, fenced FROM chaos_audit ORDER BY id"
-        ).fetchall()
-        effects = {
-            update_id: (attempt, claim_id)
-            for update_id, attempt, claim_id in connection.execute(
-                "SELECT update_id, attempt, claim_id FROM chaos_effects"
+        audit = [
+            ((destination, update_id), *rest)
+            for destination, update_id, *rest in connection.execute(
+                "SELECT destination, update_id, old_state, new_state, old_attempts, "
+                "new_attempts, old_claim_id, new_claim_id, error, acknowledged, kind, fenced "
+                "FROM chaos_audit ORDER BY id"
+            )
+        ]
+        effects: dict[Key, tuple[int, str]] = {
+            (destination, update_id): (attempt, claim_id)
+            for destination, update_id, attempt, claim_id in connection.execute(
+                "SELECT destination, update_id, attempt, claim_id FROM chaos_effects"
             )
         }
     events = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
-    answers: dict[tuple[int, int, str], list[int]] = defaultdict(list)
-    chats: dict[int, list[int]] = defaultdict(list)
-    exhaustions: set[tuple[int, int, str]] = set()
-    successes: Counter[int] = Counter()
-    succeeded_at: dict[int, list[float]] = defaultdict(list)  # when the downstream said 2xx
+    answers: dict[tuple[Key, int, str], list[int]] = defaultdict(list)
+    chats: dict[tuple[str, int], list[int]] = defaultdict(list)  # (destination, chat)
+    exhaustions: set[tuple[Key, int, str]] = set()
+    successes: Counter[Key] = Counter()
+    succeeded_at: dict[Key, list[float]] = defaultdict(list)  # when the downstream said 2xx
     for event in events:
-        key = (event["update_id"], event["attempt"], event["claim_id"])
+        key = (event["destination"], event["update_id"])
+        attempt = (key, event["attempt"], event["claim_id"])
         if event["event"] == "arrived":
-            chats[event["chat"]].append(event["update_id"])
+            chats[(event["destination"], event["chat"])].append(event["update_id"])
         elif event["event"] == "answered":
-            answers[key].append(event["status"])
+            answers[attempt].append(event["status"])
             report.answers[event["status"]] += 1
             if 200 <= event["status"] < 300:
-                successes[event["update_id"]] += 1
-                succeeded_at[event["update_id"]].append(event["at"])
+                successes[key] += 1
+                succeeded_at[key].append(event["at"])
             if event["status"] == 409:
                 report.stale_attempts_refused += 1
         elif event["event"] == "exhaustion":
-            exhaustions.add(key)
+            exhaustions.add(attempt)
 
-    # Lost: answered 200, and neither completed (with its effect) nor exhausted.
+    # Lost: answered 200, and in some destination neither completed (with its effect) nor
+    # exhausted.
     for update_id in sorted(accepted):
-        row = rows.get(update_id)
-        if row is None and report.loss_is_measured:
-            report.lost += 1  # never reached the standby: measured in `_gaps`
-            report.lost_ids.append(update_id)
-        elif row is None or row[0] not in ("completed", "abandoned"):
-            report.lost += 1
-            report.problems.append(f"update {update_id} lost: row {row}")
-        elif row[0] == "completed" and update_id not in effects:
-            lagging, killed = (moments or {}).get("lagging"), (moments or {}).get("killed")
-            if (
-                report.loss_is_measured
-                and lagging is not None
-                and killed is not None
-                and any(lagging <= at <= killed for at in succeeded_at[update_id])
-            ):
-                report.effects_lost.append(update_id)
-                continue
-            report.lost += 1
-            report.problems.append(f"update {update_id} completed without its effect")
-    report.delivered = sum(1 for row in rows.values() if row[0] == "completed")
+        for destination in report.plan.destinations:
+            key = (destination, update_id)
+            row = rows.get(key)
+            if row is None and report.loss_is_measured:
+                _lost(report, key)  # never reached the standby: measured in `_gaps`
+                if update_id not in report.lost_ids:
+                    report.lost_ids.append(update_id)
+            elif row is None or row[0] not in ("completed", "abandoned"):
+                _lost(report, key, f"{_named(key)} lost: row {row}")
+            elif row[0] == "completed" and key not in effects:
+                lagging, killed = (moments or {}).get("lagging"), (moments or {}).get("killed")
+                if (
+                    report.loss_is_measured
+                    and lagging is not None
+                    and killed is not None
+                    and any(lagging <= at <= killed for at in succeeded_at[key])
+                ):
+                    report.effects_lost.append(update_id)
+                    continue
+                _lost(report, key, f"{_named(key)} completed without its effect")
+    for (destination, update_id), (state, attempts, claim_id, acknowledged) in rows.items():
+        tally = report.tally(destination)
+        if state == "completed":
+            report.delivered += 1
+            tally.delivered += 1
+        elif state == "abandoned":
+            report.exhausted += 1
+            tally.exhausted += 1
+            if acknowledged:
+                report.exhaustions_delivered += 1
+            else:
+                report.exhaustions_listed += 1
+            key = (destination, update_id)
+            if acknowledged and (key, attempts, claim_id) not in exhaustions:
+                _stale(report, key, f"{_named(key)}: acknowledged, never delivered")
     report.duplicates_delivered = sum(n - 1 for n in successes.values() if n > 1)
-    abandoned = {u: row for u, row in rows.items() if row[0] == "abandoned"}
-    report.exhausted = len(abandoned)
-    report.exhaustions_listed = sum(1 for row in abandoned.values() if not row[3])
-    report.exhaustions_delivered = sum(1 for row in abandoned.values() if row[3])
-    for update_id, (_, attempts, claim_id, acknowledged) in abandoned.items():
-        if acknowledged and (update_id, attempts, claim_id) not in exhaustions:
-            _stale(report, f"update {update_id}: acknowledged, never delivered")
 
     _judge_history(report, audit, answers, effects)
-    for chat, arrivals in chats.items():
+    for (destination, chat), arrivals in chats.items():
         if any(later < earlier for earlier, later in itertools.pairwise(arrivals)):
             report.order_violations += 1
+            report.tally(destination).order_violations += 1
             # Where loss is measured, a chat may see an update again whose settle the standby
             # never had, after the ones that followed it; any other disorder is a fault.
             delivered_again = len(set(arrivals)) < len(arrivals)
             if not (report.loss_is_measured and delivered_again):
-                report.problems.append(f"chat {chat} out of order: {arrivals}")
+                report.problems.append(f"{destination}: chat {chat} out of order: {arrivals}")
 
 
 def _judge_history(
     report: Report,
     audit: list[tuple[Any, ...]],
-    answers: dict[tuple[int, int, str], list[int]],
-    effects: dict[int, tuple[int, str]],
+    answers: dict[tuple[Key, int, str], list[int]],
+    effects: dict[Key, tuple[int, str]],
 ) -> None:
+    """Each audit entry (the delivery's key first) against the claims before it and what the
+    downstream answered each identity."""
     claims: set[str] = set()
-    claimed: dict[int, set[tuple[int, str]]] = defaultdict(set)
+    claimed: dict[Key, set[tuple[int, str]]] = defaultdict(set)
     for entry in audit:
-        update_id, old_state, new_state, old_n, new_n, old_claim, new_claim, error = entry[:8]
+        key, old_state, new_state, old_n, new_n, old_claim, new_claim, error = entry[:8]
+        named = _named(key)
         kind, fenced = (entry[9], entry[10]) if len(entry) > 9 else ("row", None)
         if kind == "effect":
             # The writer's identity against the row's state at the moment of the write.
             if not fenced:
-                _stale(report, f"update {update_id}: effect by {old_n}/{old_claim}, not the "
-                       f"live claim then ({new_state}, {new_n}/{new_claim})")  # fmt: skip
+                _stale(report, key, f"{named}: effect by {old_n}/{old_claim}, not the live "
+                       f"claim then ({new_state}, {new_n}/{new_claim})")  # fmt: skip
             continue
         if (old_n, old_claim) != (new_n, new_claim):
-            # A claim: of a row still to deliver, the next attempt, a claim_id never used.
+            # A claim: of a delivery still to make, the next attempt, a claim_id never used
+            # (in any destination: claim ids are unique across them all).
             if (
                 old_state not in ("pending", "processing", "failed")
                 or new_state != "processing"
@@ -725,32 +830,45 @@ def _judge_history(
                 or new_claim is None
                 or new_claim in claims
             ):
-                _stale(report, f"update {update_id}: identity moved outside a claim: {entry}")
+                _stale(report, key, f"{named}: identity moved outside a claim: {entry}")
             claims.add(new_claim)
-            claimed[update_id].add((new_n, new_claim))
+            claimed[key].add((new_n, new_claim))
             continue
-        identity = (update_id, new_n, new_claim)
+        identity = (key, new_n, new_claim)
         if old_state == "abandoned" and new_state == "abandoned":
             continue  # the exhaustion's acknowledgement
         if new_state == "abandoned" and error == SPENT_ERROR:
             continue  # a claim found its attempts spent: exhausted as the last attempt left it
         if old_state != "processing":
-            _stale(report, f"update {update_id}: a row not held was changed: {entry}")
+            _stale(report, key, f"{named}: a row not held was changed: {entry}")
         elif new_state == "completed" and not any(200 <= s < 300 for s in answers[identity]):
-            _stale(report, f"update {update_id}: completed without a 2xx to {identity}")
+            _stale(report, key, f"{named}: completed without a 2xx to {identity}")
         elif new_state == "abandoned" and not (
             any(400 <= s < 500 and s != 409 for s in answers[identity])
             or error == EXPIRED
             or (error or "").startswith(SPENT_ERROR)  # the last attempt failed retryably
         ):
-            _stale(report, f"update {update_id}: exhausted without a 4xx to {identity}: {error}")
-    for update_id, (attempt, claim_id) in effects.items():
-        if (attempt, claim_id) not in claimed[update_id]:
-            _stale(report, f"update {update_id}: effect by {attempt}/{claim_id}, never a claim")
-        if fate(update_id, attempt) == "reject":
-            _stale(report, f"update {update_id}: effect of a rejected update")
+            _stale(report, key, f"{named}: exhausted without a 4xx to {identity}: {error}")
+    for key, (attempt, claim_id) in effects.items():
+        if (attempt, claim_id) not in claimed[key]:
+            _stale(report, key, f"{_named(key)}: effect by {attempt}/{claim_id}, never a claim")
+        if fate(*key, attempt) == "reject":
+            _stale(report, key, f"{_named(key)}: effect of a rejected update")
 
 
-def _stale(report: Report, problem: str) -> None:
+def _named(key: Key) -> str:
+    destination, update_id = key
+    return f"update {update_id}" + ("" if destination == "default" else f" ({destination})")
+
+
+def _lost(report: Report, key: Key, problem: str | None = None) -> None:
+    report.lost += 1
+    report.tally(key[0]).lost += 1
+    if problem is not None:
+        report.problems.append(problem)
+
+
+def _stale(report: Report, key: Key, problem: str) -> None:
     report.stale_writes_accepted += 1
+    report.tally(key[0]).stale_writes_accepted += 1
     report.problems.append(problem)

@@ -1,6 +1,7 @@
-"""The short chaos run in the default test command, direct and through PgBouncer, and the run's
-judge on made-up histories (a judge that cannot fail proves nothing). The full run:
-`python -m tests.chaos` (`--pgbouncer` for the second)."""
+"""The short chaos run in the default test command, direct (with three destinations, each
+judged on its own) and through PgBouncer, and the run's judge on made-up histories (a judge that
+cannot fail proves nothing). The full run: `python -m tests.chaos` (`--destinations 3`,
+`--pgbouncer`)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,24 @@ from tests.pgbouncer import require_binary
 pytestmark = pytest.mark.slow
 
 
-async def test_a_short_chaos_run_loses_nothing_and_accepts_no_stale_write(
+THREE = ("default", "payments", "analytics")
+
+
+async def test_a_short_chaos_run_with_three_destinations_loses_nothing_in_any(
     postgres_admin: Any, tmp_path: Path
 ) -> None:
-    # postgres_admin: fails (never skips) when the test server is unreachable.
-    plan = Plan(updates=1_500, chats=60, rate=100.0, drain_within=180.0)
+    # postgres_admin: fails (never skips) when the test server is unreachable. Each update goes
+    # to three destinations, each delivery fenced by its own claim; `default` keeps the path
+    # of a bot with one destination (its row, the four-argument owns function).
+    plan = Plan(updates=1_500, chats=60, rate=100.0, drain_within=180.0, destinations=THREE)
     report = await run(plan, tmp_path, _libpq(POSTGRES_URL))
     print(report.table())
     _assert_it_proved_something(plan, report)
+    assert set(report.by_destination) == set(THREE)
+    for destination, tally in report.by_destination.items():
+        assert (tally.lost, tally.stale_writes_accepted, tally.order_violations) == (0, 0, 0)
+        assert tally.delivered + tally.exhausted == plan.updates, destination
+        assert tally.exhausted > 0, destination
 
 
 async def test_a_short_chaos_run_through_pgbouncer_loses_nothing_and_accepts_no_stale_write(
@@ -53,7 +64,7 @@ def _logs(directory: Path) -> str:
 def _assert_it_proved_something(plan: Plan, report: Report) -> None:
     assert report.passed, "\n".join(report.problems[:30])
     assert report.accepted == plan.updates
-    assert report.delivered + report.exhausted == plan.updates
+    assert report.delivered + report.exhausted == plan.updates * len(plan.destinations)
     assert report.exhaustions_delivered == report.exhausted > 0
     # The faults happened: the run proved something.
     assert report.workers_killed >= 2
@@ -70,54 +81,58 @@ def _judged(audit: list[tuple[Any, ...]], answers: dict[Any, list[int]]) -> Repo
     return report
 
 
-CLAIM = (1, "pending", "processing", 0, 1, None, "c1", None, False)
+KEY = ("default", 1)  # the delivery: (destination, update_id)
+CLAIM = (KEY, "pending", "processing", 0, 1, None, "c1", None, False)
 
 
 def test_the_judge_passes_a_clean_history() -> None:
-    audit = [CLAIM, (1, "processing", "completed", 1, 1, "c1", "c1", None, False)]
-    assert _judged(audit, {(1, 1, "c1"): [200]}).stale_writes_accepted == 0
+    audit = [CLAIM, (KEY, "processing", "completed", 1, 1, "c1", "c1", None, False)]
+    assert _judged(audit, {(KEY, 1, "c1"): [200]}).stale_writes_accepted == 0
 
 
 @pytest.mark.parametrize(
     ("history", "answers"),
     [
         # completed, but the downstream never answered this identity 2xx (a stale settle)
-        ([CLAIM, (1, "processing", "completed", 1, 1, "c1", "c1", None, False)], {}),
+        ([CLAIM, (KEY, "processing", "completed", 1, 1, "c1", "c1", None, False)], {}),
         # the identity moved without a claim (attempt skipped)
-        ([CLAIM, (1, "processing", "processing", 1, 3, "c1", "c2", None, False)], {}),
+        ([CLAIM, (KEY, "processing", "processing", 1, 3, "c1", "c2", None, False)], {}),
         # a claim_id used twice
         (
             [
                 CLAIM,
-                (1, "processing", "processing", 1, 2, "c1", "c1x", None, False),
-                (1, "processing", "processing", 2, 3, "c1x", "c1", None, False),
+                (KEY, "processing", "processing", 1, 2, "c1", "c1x", None, False),
+                (KEY, "processing", "processing", 2, 3, "c1x", "c1", None, False),
             ],
             {},
         ),
         # a change of a row that no live claim held
-        ([CLAIM, (1, "failed", "completed", 1, 1, "c1", "c1", None, False)], {(1, 1, "c1"): [200]}),
+        (
+            [CLAIM, (KEY, "failed", "completed", 1, 1, "c1", "c1", None, False)],
+            {(KEY, 1, "c1"): [200]},
+        ),
         # a completed update claimed again
         (
             [
                 CLAIM,
-                (1, "processing", "completed", 1, 1, "c1", "c1", None, False),
-                (1, "completed", "processing", 1, 2, "c1", "c2", None, False),
+                (KEY, "processing", "completed", 1, 1, "c1", "c1", None, False),
+                (KEY, "completed", "processing", 1, 2, "c1", "c2", None, False),
             ],
-            {(1, 1, "c1"): [200]},
+            {(KEY, 1, "c1"): [200]},
         ),
         # an effect written by attempt 1 after attempt 2 had taken the update
         (
             [
                 CLAIM,
-                (1, "processing", "processing", 1, 2, "c1", "c2", None, False),
-                (1, "processing", "processing", 1, 2, "c1", "c2", None, False, "effect", False),
+                (KEY, "processing", "processing", 1, 2, "c1", "c2", None, False),
+                (KEY, "processing", "processing", 1, 2, "c1", "c2", None, False, "effect", False),
             ],
             {},
         ),
         # exhausted after a 409 (the attempt had lost the update), not a 4xx refusal
         (
-            [CLAIM, (1, "processing", "abandoned", 1, 1, "c1", "c1", "HTTP 409", False)],
-            {(1, 1, "c1"): [409]},
+            [CLAIM, (KEY, "processing", "abandoned", 1, 1, "c1", "c1", "HTTP 409", False)],
+            {(KEY, 1, "c1"): [409]},
         ),
     ],
 )
@@ -127,18 +142,38 @@ def test_the_judge_counts_each_kind_of_stale_write(
     assert _judged(history, answers).stale_writes_accepted >= 1
 
 
+def test_the_judge_counts_a_stale_write_against_its_destination() -> None:
+    payments = ("payments", 1)
+    audit = [
+        CLAIM,
+        (KEY, "processing", "completed", 1, 1, "c1", "c1", None, False),
+        (payments, "pending", "processing", 0, 1, None, "c2", None, False),
+        # completed without a 2xx to payments' own identity (default's 2xx does not count)
+        (payments, "processing", "completed", 1, 1, "c2", "c2", None, False),
+    ]
+    report = _judged(audit, {(KEY, 1, "c1"): [200], (payments, 1, "c1"): [200]})
+    assert report.stale_writes_accepted == 1
+    assert report.tally("payments").stale_writes_accepted == 1
+    assert report.tally("default").stale_writes_accepted == 0
+
+
+def test_the_judge_refuses_a_claim_id_reused_across_destinations() -> None:
+    audit = [CLAIM, (("payments", 1), "pending", "processing", 0, 1, None, "c1", None, False)]
+    assert _judged(audit, {}).tally("payments").stale_writes_accepted == 1
+
+
 def test_spent_attempts_and_acknowledgements_are_not_stale() -> None:
     audit = [
         CLAIM,
-        (1, "processing", "processing", 1, 1, "c1", "c1", None, False, "effect", True),
-        (1, "processing", "failed", 1, 1, "c1", "c1", "HTTP 500", False),
-        (1, "failed", "abandoned", 1, 1, "c1", "c1", SPENT_ERROR, False),
-        (1, "abandoned", "abandoned", 1, 1, "c1", "c1", SPENT_ERROR, True),
+        (KEY, "processing", "processing", 1, 1, "c1", "c1", None, False, "effect", True),
+        (KEY, "processing", "failed", 1, 1, "c1", "c1", "HTTP 500", False),
+        (KEY, "failed", "abandoned", 1, 1, "c1", "c1", SPENT_ERROR, False),
+        (KEY, "abandoned", "abandoned", 1, 1, "c1", "c1", SPENT_ERROR, True),
     ]
-    assert _judged(audit, {(1, 1, "c1"): [500]}).stale_writes_accepted == 0
+    assert _judged(audit, {(KEY, 1, "c1"): [500]}).stale_writes_accepted == 0
     # The last attempt failed retryably: the dispatcher exhausts it with the spent error.
     last = [
         CLAIM,
-        (1, "processing", "abandoned", 1, 1, "c1", "c1", f"{SPENT_ERROR}; last: HTTP 500", False),
+        (KEY, "processing", "abandoned", 1, 1, "c1", "c1", f"{SPENT_ERROR}; last: HTTP 500", False),
     ]
-    assert _judged(last, {(1, 1, "c1"): [500]}).stale_writes_accepted == 0
+    assert _judged(last, {(KEY, 1, "c1"): [500]}).stale_writes_accepted == 0

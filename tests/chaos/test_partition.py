@@ -47,8 +47,12 @@ HOLD = 11.0  # the downstream holds a first attempt this long: past its lease
 # app/store/backends/postgres_engine.py): the cut worker rejoins on new connections.
 PARTITION = 25.0
 PLAN = Plan(lease_seconds=LEASE, forward_timeout_seconds=20.0, hang_seconds=HOLD)
-HELD = [u for u in range(1, 2_000) if fate(u, 1) == "hang" and fate(u, 2) == "write"][:12]
-LATER = [u for u in range(2_000, 4_000) if fate(u, 1) == "write"][:10]
+HELD = [
+    u
+    for u in range(1, 2_000)
+    if fate("default", u, 1) == "hang" and fate("default", u, 2) == "write"
+][:12]
+LATER = [u for u in range(2_000, 4_000) if fate("default", u, 1) == "write"][:10]
 
 
 async def test_a_worker_cut_from_its_database_stops_in_time_and_rejoins(
