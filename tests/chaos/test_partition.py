@@ -74,7 +74,7 @@ async def test_a_worker_cut_from_its_database_stops_in_time_and_rejoins(
         journal = tmp_path / "downstream.jsonl"
         port = free_port()
         downstream = f"http://{downstream_link.host_address}:{port}"
-        env = _environment(PLAN, url, downstream)
+        env = _environment(PLAN, url, downstream, tmp_path)
         cut_env = env | {
             "INTAKE_DATABASE_URL": url.replace("127.0.0.1", database_link.host_address),
         }
