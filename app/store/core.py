@@ -291,7 +291,27 @@ class SqlCore(Sealing):
         for table in (self.table, self.deliveries_table):
             if table is not None:
                 gathered = await self._refresh(table, min_changes, min_age_seconds) or gathered
+        await self._describe_pauses(min_age_seconds)
         return gathered
+
+    async def _describe_pauses(self, min_age_seconds: float) -> None:
+        """Statistics of the tables every claim asks whether a bot or a destination is paused
+        (`_bots`, `_destinations`), gathered when they never were or have changed since, empty
+        or not (not counted in `refresh_statistics`' answer). Never gathered, a table is taken
+        for ten pages of rows: the planner then expected a claim's pause checks to keep 80 of
+        20,000 deliveries, read all of them to join the batch, and drained an unordered
+        destination at 0.4x the pace it drains with them (docs/performance.md). Autovacuum
+        never gathers them: they see a handful of writes in their life."""
+        for table in (self.bots_table, self.destinations_table):
+            if table is None:
+                continue
+            async with self._read() as connection:
+                age = await self._backend.statistics_age(connection, table)
+            if age.seconds is not None and (age.changes == 0 or age.seconds < min_age_seconds):
+                continue
+            async with self.transaction() as connection:
+                if await self._backend.exclusive(connection, table, "analyze"):
+                    await self._backend.analyze(connection, table)
 
     async def _refresh(self, table: Table, min_changes: int, min_age_seconds: float) -> bool:
         async with self._read() as connection:

@@ -56,6 +56,9 @@ def connect_args(
     if pgbouncer:
         arguments["prepare_threshold"] = None
     else:
+        # No JIT: it compiles a plan's expressions at each execution, and a claim whose
+        # estimate crosses jit_above_cost (a backlog's) spent 66 ms compiling to run in 20.
+        options.append("-c jit=off")
         if statement_timeout_ms:
             options.append(f"-c statement_timeout={int(statement_timeout_ms)}")
         if lock_timeout_ms:
