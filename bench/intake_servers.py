@@ -75,11 +75,14 @@ class NullCommitter:
 
 # The bot's destinations by server kind (bench/destinations.py): `intake` has none (no
 # downstream_url either: what it records is all it does); `four-all`, `default` and three more
-# each taking every update; `four-disjoint`, four each taking update types of their own (the
-# load's messages go to `default` alone, after every filter is run).
+# each taking every update; `four-all-unordered`, the same with the three unordered (sinks that
+# need no order: their deliveries keep no queue key); `four-disjoint`, four each taking update
+# types of their own (the load's messages go to `default` alone, after every filter is run).
 FANOUT: dict[str, list[dict[str, object]]] = {
     "four-all": [{"name": name, "url": f"http://{HOST}:9/{name}"} for name in
                  ("payments", "moderation", "analytics")],
+    "four-all-unordered": [{"name": name, "url": f"http://{HOST}:9/{name}", "ordered": False}
+                           for name in ("payments", "moderation", "analytics")],
     "four-disjoint": [
         {"name": "default", "url": f"http://{HOST}:9/default", "filter": ["message", "edit"]},
         {"name": "payments", "url": f"http://{HOST}:9/p",
