@@ -21,6 +21,7 @@ its busy timeout. The writer's connection is set up as the engine's are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
 import sys
@@ -141,10 +142,15 @@ class Writer:
             connection.execute("BEGIN IMMEDIATE")
         try:
             result = work(Transaction(connection))
-            connection.execute("COMMIT")
+            # A COMMIT fails too (a full disk, a deferred constraint): raised as the
+            # statements' errors are, so that the store translates and callers retry it.
+            with _as_sqlalchemy("COMMIT", []):
+                connection.execute("COMMIT")
         except BaseException:
             if connection.in_transaction:
-                connection.execute("ROLLBACK")
+                # The first error tells what happened; one from the ROLLBACK would hide it.
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
             raise
         return result
 
