@@ -138,3 +138,7 @@ class BotSettings(BotOptions):
     def targets(self) -> tuple[Destination, ...]:
         """Every destination of this bot, resolved: `default` first when it has one."""
         return self._targets
+
+    def target(self, name: str) -> Destination | None:
+        """This bot's destination `name`, resolved; None when it has none of that name."""
+        return next((target for target in self._targets if target.name == name), None)

@@ -208,32 +208,40 @@ def pgbouncer_storage(
     made.drop()
 
 
-@contextmanager
-def table_locked(
+@asynccontextmanager
+async def table_locked(
     admin: psycopg.Connection, url: str, table: str = "telegram_updates"
-) -> Iterator[None]:
+) -> AsyncIterator[None]:
     """Another session holds the table of `url` (a PostgreSQL test schema) ACCESS EXCLUSIVE
-    until the block ends: every statement on it waits."""
+    until the block ends: every statement on it waits. The lock is taken on a thread: the
+    event loop goes on meanwhile, so that a transaction of this process that holds the table
+    (a worker's prune, between its DELETE and its COMMIT) ends and lets it go; taken on the
+    loop, it waited for that COMMIT, which waited for the loop, for its whole timeout."""
+    locker = await asyncio.to_thread(_lock_table, admin, url, table)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(locker.close)  # its transaction, and the lock, end
+
+
+def _lock_table(admin: psycopg.Connection, url: str, table: str) -> psycopg.Connection:
     schema = make_url(url).query["options"].removeprefix("-csearch_path=")
-    with psycopg.connect(admin.info.dsn) as locker:
-        # A session that never lets go of the table would hang the test until its timeout;
-        # instead it fails here, naming who held the table and what they ran.
-        locker.execute("SET lock_timeout = '30s'")
-        try:
-            locker.execute(f"LOCK TABLE {schema}.{table} IN ACCESS EXCLUSIVE MODE")
-        except psycopg.errors.LockNotAvailable as error:
-            locker.rollback()
-            holders = admin.execute(
-                "SELECT a.pid, a.state, a.xact_start, left(a.query, 200), l.mode"
-                " FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-                " WHERE l.relation = %s::regclass AND l.granted",
-                [f"{schema}.{table}"],
-            ).fetchall()
-            raise AssertionError(f"the table stayed held for 30 s by {holders}") from error
-        try:
-            yield
-        finally:
-            locker.rollback()
+    locker = psycopg.connect(admin.info.dsn)
+    # A session that never lets go of the table would hang the test until its timeout;
+    # instead it fails here, naming who held the table and what they ran.
+    locker.execute("SET lock_timeout = '30s'")
+    try:
+        locker.execute(f"LOCK TABLE {schema}.{table} IN ACCESS EXCLUSIVE MODE")
+    except psycopg.errors.LockNotAvailable as error:
+        locker.close()
+        holders = admin.execute(
+            "SELECT a.pid, a.state, a.xact_start, left(a.query, 200), l.mode"
+            " FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.relation = %s::regclass AND l.granted",
+            [f"{schema}.{table}"],
+        ).fetchall()
+        raise AssertionError(f"the table stayed held for 30 s by {holders}") from error
+    return locker
 
 
 def rename_table(url: str, old: str, new: str) -> None:

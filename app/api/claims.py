@@ -45,10 +45,10 @@ def _fenced(grant: Grant, identity: Identity) -> tuple[DeliveryOptions, ClaimIde
     grant.allow(bot.name, destination)
     options: DeliveryOptions = bot  # default, the common case, is always there
     if destination != DEFAULT_DESTINATION:
-        found = [t.options for t in bot.targets if t.name == destination]
-        if not found:
+        target = bot.target(destination)
+        if target is None:
             raise HTTPException(404, f"bot {bot.name!r} has no destination {destination!r}")
-        options = found[0]
+        options = target.options
     if options.mode == "plain":
         raise HTTPException(
             409, f"bot {bot.name!r} is in plain mode: its attempts carry no identity"

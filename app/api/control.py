@@ -97,9 +97,7 @@ def _destination(grant: Grant, bot: str, destination: str, *, whole: bool = True
     if whole and destination == DEFAULT_DESTINATION:
         grant.whole_bots()
     grant.allow(bot, destination)
-    if destination != DEFAULT_DESTINATION and all(
-        target.name != destination for target in configured.targets
-    ):
+    if destination != DEFAULT_DESTINATION and configured.target(destination) is None:
         raise HTTPException(404, f"bot {bot!r} has no destination {destination!r}")
     return destination
 
@@ -163,7 +161,8 @@ async def replay(bot: BotPath, request: ReplayRequest, grant: Operator) -> Repla
     bodies are kept: each due now, in update order within its queue. At most 100,000 at once
     (422 beyond, nothing replayed); a dry run counts them and changes nothing."""
     destination = _destination(grant, bot, request.destination, whole=False)
-    ordered = all(t.ordered for t in grant.bot(bot).targets if t.name == destination)
+    target = grant.bot(bot).target(destination)
+    ordered = target is None or target.ordered
     services = grant.services
     try:
         matched = await services.store.replay(

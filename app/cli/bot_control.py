@@ -133,8 +133,7 @@ def named(args: argparse.Namespace) -> str:
 def _replay(settings: Settings, args: argparse.Namespace) -> int:
     if not known_bot(settings, args.bot):
         return 2
-    targets = settings.bot(args.bot).targets  # type: ignore[union-attr]  # known
-    target = next((t for t in targets if t.name == args.destination), None)
+    target = settings.bot(args.bot).target(args.destination)  # type: ignore[union-attr]  # known
     if target is None:
         print(f"bot {args.bot!r} has no destination {args.destination!r}", file=sys.stderr)
         return 2

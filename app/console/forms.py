@@ -211,7 +211,7 @@ def bot_destination(request: Request, session: Session, bot: str, value: str) ->
     if not value or value == DEFAULT_DESTINATION:
         return DEFAULT_DESTINATION
     configured = app_services(request).settings.bot(name)
-    if configured is None or all(t.name != value for t in configured.targets):
+    if configured is None or configured.target(value) is None:
         raise HTTPException(404, f"bot {name!r} has no destination {value!r}")
     return value
 

@@ -230,9 +230,8 @@ async def replay(request: Request, bot: str) -> Response:
     name = visible_bot(request, session, bot)
     destination = bot_destination(request, session, name, form.get("destination", ""))
     configured = services.settings.bot(name)
-    ordered = configured is None or all(
-        t.ordered for t in configured.targets if t.name == destination
-    )
+    target = None if configured is None else configured.target(destination)
+    ordered = target is None or target.ordered
     try:
         first, last = int(form.get("first", "")), int(form.get("last", ""))
     except ValueError:

@@ -51,11 +51,10 @@ class Downstream:
         transport: httpx.AsyncBaseTransport,
         destination: str = DEFAULT_DESTINATION,
     ) -> None:
-        found = [target for target in bot.targets if target.name == destination]
-        if not found:
+        target = bot.target(destination)
+        if target is None:
             lacking = "downstream_url" if destination == DEFAULT_DESTINATION else destination
             raise ValueError(f"bot {bot.name!r} has no {lacking}")
-        target = found[0]
         self.name = bot.name
         self.destination = destination
         self.target = target

@@ -22,7 +22,9 @@ again at the write. At the end, with the queue drained, for each destination:
   an exhaustion it did not refuse with a 4xx (nor expiry nor spent attempts), an effect
   written by anyone but the live claim of the moment, an acknowledged exhaustion never
   delivered;
-- per-chat order: the downstream saw each chat's updates in update_id order;
+- per-chat order: the downstream saw each chat's updates in update_id order (a stale
+  attempt's request that it handled after its successor's, its client gone, is counted apart:
+  owns refuses anything it tries);
 - secrets: no configured secret appears in any process's log.
 
 With `Plan.pgbouncer` (`python -m tests.chaos --pgbouncer`) the service's processes and the
@@ -184,6 +186,7 @@ class Report:
     lost: int = 0
     stale_writes_accepted: int = 0
     stale_attempts_refused: int = 0  # owns said no to a late attempt: its write did not happen
+    late_arrivals: int = 0  # a stale attempt's request handled after its successor's
     order_violations: int = 0
     sent_200: list[tuple[float, float]] = field(default_factory=list)  # (sent, answered)
     lost_ids: list[int] = field(default_factory=list)  # lost where loss is measured
@@ -257,6 +260,7 @@ class Report:
             ),
             ("**stale writes accepted** (must be 0)", f"**{self.stale_writes_accepted:,}**"),
             ("stale attempts refused by owns", f"{self.stale_attempts_refused:,}"),
+            ("stale requests handled after their successor's", f"{self.late_arrivals:,}"),
             (
                 "per-chat order violations (must be 0)"
                 + (": lost settles, redelivered" if self.loss_is_measured else ""),
@@ -728,16 +732,13 @@ def _judge(
         }
     events = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
     answers: dict[tuple[Key, int, str], list[int]] = defaultdict(list)
-    chats: dict[tuple[str, int], list[int]] = defaultdict(list)  # (destination, chat)
     exhaustions: set[tuple[Key, int, str]] = set()
     successes: Counter[Key] = Counter()
     succeeded_at: dict[Key, list[float]] = defaultdict(list)  # when the downstream said 2xx
     for event in events:
         key = (event["destination"], event["update_id"])
         attempt = (key, event["attempt"], event["claim_id"])
-        if event["event"] == "arrived":
-            chats[(event["destination"], event["chat"])].append(event["update_id"])
-        elif event["event"] == "answered":
+        if event["event"] == "answered":
             answers[attempt].append(event["status"])
             report.answers[event["status"]] += 1
             if 200 <= event["status"] < 300:
@@ -789,6 +790,25 @@ def _judge(
     report.duplicates_delivered = sum(n - 1 for n in successes.values() if n > 1)
 
     _judge_history(report, audit, answers, effects)
+    _judge_order(report, events)
+
+
+def _judge_order(report: Report, events: list[dict[str, Any]]) -> None:
+    """Each destination's chats in update order, as the downstream saw their arrivals."""
+    chats: dict[tuple[str, int], list[int]] = defaultdict(list)  # (destination, chat)
+    newest: dict[Key, int] = {}  # each delivery's newest attempt to arrive so far
+    for event in events:
+        if event["event"] != "arrived":
+            continue
+        key = (event["destination"], event["update_id"])
+        if event["attempt"] < newest.get(key, 0):
+            # A stale attempt's request handled after its successor's: its client had given
+            # up (the forward timed out) before the downstream got to it, and owns refuses
+            # any write it tries. Not an arrival in the chat's order; counted apart.
+            report.late_arrivals += 1
+            continue
+        newest[key] = event["attempt"]
+        chats[(event["destination"], event["chat"])].append(event["update_id"])
     for (destination, chat), arrivals in chats.items():
         if any(later < earlier for earlier, later in itertools.pairwise(arrivals)):
             report.order_violations += 1

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.store.predicates import SPENT_ERROR
-from tests.chaos.run import Plan, Report, _judge_history, run
+from tests.chaos.run import Plan, Report, _judge_history, _judge_order, run
 from tests.conftest import POSTGRES_URL, _libpq
 from tests.pgbouncer import require_binary
 
@@ -177,3 +177,25 @@ def test_spent_attempts_and_acknowledgements_are_not_stale() -> None:
         (KEY, "processing", "abandoned", 1, 1, "c1", "c1", f"{SPENT_ERROR}; last: HTTP 500", False),
     ]
     assert _judged(last, {(KEY, 1, "c1"): [500]}).stale_writes_accepted == 0
+
+
+def _arrived(*attempts: tuple[int, int]) -> list[dict[str, Any]]:
+    """Arrivals at the downstream of (update_id, attempt), all of one chat of `payments`."""
+    return [
+        {"event": "arrived", "destination": "payments", "update_id": u, "attempt": n, "chat": 5}
+        for u, n in attempts
+    ]
+
+
+def test_the_judge_leaves_a_stale_request_handled_after_its_successor_out_of_the_order() -> None:
+    # Seen in a run under load: attempt 2 of update 11 timed out before the downstream got to
+    # it, attempt 3 completed, 71 went, and then the downstream handled attempt 2 (owns: 409).
+    report = Report(Plan())
+    _judge_order(report, _arrived((11, 1), (11, 3), (71, 1), (11, 2)))
+    assert (report.order_violations, report.late_arrivals) == (0, 1)
+
+
+def test_the_judge_counts_an_update_arriving_after_a_later_one() -> None:
+    report = Report(Plan())
+    _judge_order(report, _arrived((11, 1), (71, 1), (11, 2)))
+    assert (report.order_violations, report.tally("payments").order_violations) == (1, 1)

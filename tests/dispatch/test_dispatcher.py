@@ -436,7 +436,7 @@ async def test_stop_ends_within_its_bound_while_the_database_hangs(
     async with dispatching(settings) as (worker, store):
         await store.add("shop", 1, message(1), now_ms())
         await eventually(lambda: downstream.received)
-        with table_locked(postgres_admin, url):
+        async with table_locked(postgres_admin, url):
             began = time.monotonic()
             await worker.stop()
             took = time.monotonic() - began

@@ -77,7 +77,7 @@ async def test_each_request_is_answered_within_its_budget_while_the_table_is_loc
     intake = intake_on(postgres_storage)
     keys = (ApiKey(key=SecretStr(KEY)),)
     async with intake(commit_timeout_ms=2000, api_keys=keys) as (base, db):
-        with table_locked(postgres_admin, db):
+        async with table_locked(postgres_admin, db):
             every = httpx.Limits(max_connections=None)  # no request queues in the client
             async with httpx.AsyncClient(timeout=30, limits=every) as client:
 

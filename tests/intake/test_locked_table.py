@@ -86,7 +86,7 @@ async def test_a_locked_table_costs_each_request_its_budget_and_bounded_memory(
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        with table_locked(postgres_admin, url):
+        async with table_locked(postgres_admin, url):
             try:
                 answers = await _post_all(target.base)
             except httpx.TransportError as error:

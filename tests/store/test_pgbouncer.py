@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from sqlalchemy import delete
 
-from app.store import SqlUpdateStore, StoreError, StoreUnavailable, UpdateStore, open_store
+from app.store import SqlUpdateStore, StoreUnavailable, UpdateStore, open_store
 from app.store.conformance.check import check_update_store
 from tests import pgbouncer
 from tests.pgbouncer import BouncedStorage
@@ -60,17 +60,17 @@ async def _ping_often(url: str, **options: object) -> None:
         await store.close()
 
 
-async def test_prepared_statements_clash_behind_pgbouncer_without_the_setting(
+async def test_behind_pgbouncer_without_the_setting_a_store_is_refused_at_connect(
     pgbouncer_storage: BouncedStorage,
 ) -> None:
-    url = pgbouncer_storage.url()
-    # The first client prepares its statement on the server session PgBouncer lent it; the
-    # next client meets that name there (or misses its own on another session).
-    await _ping_often(url)
-    with pytest.raises(StoreError, match="prepared statement") as raised:
-        await _ping_often(url)
+    # The service's sessions send `jit=off` (and their timeouts) in the startup `options`,
+    # which PgBouncer refuses: a store not told of the pooler fails at once, naming the
+    # setting, rather than meeting another client's prepared statement later on a shared
+    # session (`prepared statement "_pg3_0" already exists`, what it met before).
+    with pytest.raises(StoreUnavailable, match="unsupported startup parameter") as raised:
+        await _ping_often(pgbouncer_storage.url())
     assert "INTAKE_DATABASE_PGBOUNCER" in str(raised.value)
-    # With the setting nothing is prepared, however often a statement runs.
+    # With the setting nothing is sent and nothing is prepared, however often a statement runs.
     url = pgbouncer_storage.url()
     for _ in range(3):
         await _ping_often(url, pgbouncer=True)

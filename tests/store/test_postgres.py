@@ -227,7 +227,7 @@ async def test_a_statement_waiting_past_the_lock_timeout_is_store_unavailable(
     url = postgres_storage.url()
     store = await open_store(url, lock_timeout_ms=300, statement_timeout_ms=10_000)
     try:
-        with table_locked(postgres_admin, url):
+        async with table_locked(postgres_admin, url):
             began = time.monotonic()
             with pytest.raises(StoreUnavailable, match="did not answer in time"):
                 await store.add("shop", 1, '{"update_id": 1}', _now())

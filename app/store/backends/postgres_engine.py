@@ -43,11 +43,14 @@ def connect_args(
     statement_timeout_ms: int = 0,
     lock_timeout_ms: int = 0,
     pgbouncer: bool = False,
+    no_jit: bool = False,
 ) -> dict[str, Any]:
     """psycopg's connection arguments. Nonzero timeouts become the session's
     `statement_timeout` and `lock_timeout`, added to any `options` the URL carries: no
-    statement waits forever, for a lock or for anything else. With `pgbouncer`, neither is
-    sent and no statement is prepared (see the module docstring)."""
+    statement waits forever, for a lock or for anything else. `no_jit` (the service's own
+    sessions) turns JIT off. With `pgbouncer`, none is sent and no statement is prepared (see
+    the module docstring); a connection that sends none (a migration's) passes a pooler
+    whether it is told of it or not."""
     arguments: dict[str, Any] = {"connect_timeout": 5, **TCP_LIVENESS}
     if "application_name" not in url.query:
         arguments["application_name"] = "telegram-intake"
@@ -56,9 +59,10 @@ def connect_args(
     if pgbouncer:
         arguments["prepare_threshold"] = None
     else:
-        # No JIT: it compiles a plan's expressions at each execution, and a claim whose
-        # estimate crosses jit_above_cost (a backlog's) spent 66 ms compiling to run in 20.
-        options.append("-c jit=off")
+        if no_jit:
+            # JIT compiles a plan's expressions at each execution: a claim whose estimate
+            # crossed jit_above_cost (a backlog's) spent 66 ms compiling to run in 20.
+            options.append("-c jit=off")
         if statement_timeout_ms:
             options.append(f"-c statement_timeout={int(statement_timeout_ms)}")
         if lock_timeout_ms:
@@ -95,6 +99,7 @@ def async_engine(
             statement_timeout_ms=statement_timeout_ms,
             lock_timeout_ms=lock_timeout_ms,
             pgbouncer=pgbouncer,
+            no_jit=True,
         ),
         execution_options={PGBOUNCER: pgbouncer, LISTEN_URL: listen_url},
     )
