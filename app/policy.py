@@ -43,18 +43,29 @@ class Outcome:
         return self.kind == "retry"
 
 
-def classify(response: httpx.Response) -> Outcome:
+def wall_clock_ms() -> int:
+    """This host's clock, epoch ms: the default where no database clock is given."""
+    return time.time_ns() // 1_000_000
+
+
+def classify(response: httpx.Response, now: Callable[[], int] = wall_clock_ms) -> Outcome:
     """What an httpx response means (`classify_answer`); its body only if it was read."""
     try:
         content = response.content
     except httpx.ResponseNotRead:
         content = b""
-    return classify_answer(response.status_code, response.headers.get("retry-after"), content)
+    return classify_answer(response.status_code, response.headers.get("retry-after"), content, now)
 
 
-def classify_answer(status: int, retry_after_value: str | None, content: bytes) -> Outcome:
+def classify_answer(
+    status: int,
+    retry_after_value: str | None,
+    content: bytes,
+    now: Callable[[], int] = wall_clock_ms,
+) -> Outcome:
     """What an answer means, from its status, its `Retry-After` and its body (which explains
-    a failure)."""
+    a failure). `now` (epoch ms) is the clock an HTTP-date `Retry-After` counts from: the
+    database's, in a worker, so that a host whose clock is off waits what it was told."""
     if status == 202:
         return Outcome("deferred", status=status)
     if 200 <= status < 300:
@@ -65,7 +76,7 @@ def classify_answer(status: int, retry_after_value: str | None, content: bytes) 
         error = f"{error}: {detail}"
     if 400 <= status < 500 and status not in RETRYABLE_4XX:
         return Outcome("terminal", error, status=status)
-    delay = retry_after(retry_after_value)
+    delay = retry_after(retry_after_value, now=lambda: now() / 1000)
     return Outcome("retry", error, delay, status=status if 100 <= status <= 599 else None)
 
 

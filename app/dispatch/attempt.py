@@ -15,6 +15,7 @@ from app.dispatch.breaker import Breaker
 from app.dispatch.forward import Downstream
 from app.metric_labels import AttemptOutcome
 from app.metrics import AttemptMeters
+from app.policy import wall_clock_ms
 from app.store import Claimed, ClaimIdentity
 from app.store.types import DEFAULT_DESTINATION, Ordering
 
@@ -32,11 +33,13 @@ class Lane:
         *,
         destination: str = DEFAULT_DESTINATION,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
+        now: Callable[[], int] = wall_clock_ms,
     ) -> None:
+        """`now` (epoch ms): the dispatcher's clock, the database's (`DatabaseClock.now`)."""
         self.bot = bot
         self.name = bot.name
         self.destination = destination
-        self.downstream = Downstream(bot, transport, destination)
+        self.downstream = Downstream(bot, transport, destination, now=now)
         self.options = options = self.downstream.options
         # How logs and breakers name it: the bot, and beside `default` its destination.
         self.label = bot.name if destination == DEFAULT_DESTINATION else f"{bot.name}/{destination}"

@@ -74,16 +74,21 @@ class Dispatcher:
         metrics = metrics or Metrics.of(settings)
         self._metrics = metrics
         self._transport = transport
+        self._clock = DatabaseClock(store, monotonic_ns=monotonic_ns)
         self._lanes = []
         for bot in chosen:
             for target in bot.targets:
                 meters = metrics.dispatch(bot.name, target.name)
                 lane = Lane(
-                    bot, transport, meters, destination=target.name, monotonic_ns=monotonic_ns
+                    bot,
+                    transport,
+                    meters,
+                    destination=target.name,
+                    monotonic_ns=monotonic_ns,
+                    now=self._clock.now,  # what its signatures and Retry-After read
                 )
                 meters.in_flight.set_function(functools.partial(_in_flight, lane))
                 self._lanes.append(lane)
-        self._clock = DatabaseClock(store, monotonic_ns=monotonic_ns)
         self._reports: set[asyncio.Task[None]] = set()
         for lane in self._lanes:
             lane.breaker.on_change = functools.partial(

@@ -97,8 +97,9 @@ class EventDelivery:
             headers = {"content-type": "application/json", "accept-encoding": "identity"}
             if traceparent is not None:
                 headers["traceparent"] = traceparent
-            sign(self._signer, headers, event.message_id, event.payload)
-            return post(self._transport, self._url, headers, event.payload, self._timeout)
+            now = self._clock.now
+            sign(self._signer, headers, event.message_id, event.payload, now())
+            return post(self._transport, self._url, headers, event.payload, self._timeout, now=now)
 
         attributes = {
             "intake.event.type": event.type,

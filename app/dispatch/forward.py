@@ -27,7 +27,7 @@ from standardwebhooks import Webhook
 from app import tracing
 from app.bot_settings import BotSettings
 from app.dispatch.transport import AiohttpTransport
-from app.policy import Outcome, classify, classify_answer, classify_error
+from app.policy import Outcome, classify, classify_answer, classify_error, wall_clock_ms
 from app.store import ClaimIdentity
 from telegram_intake_kit.forwarded import (
     DESTINATION_HEADER,
@@ -50,7 +50,12 @@ class Downstream:
         bot: BotSettings,
         transport: httpx.AsyncBaseTransport,
         destination: str = DEFAULT_DESTINATION,
+        *,
+        now: Callable[[], int] = wall_clock_ms,
     ) -> None:
+        """`now` (epoch ms): the clock the signatures' timestamps and an HTTP-date
+        `Retry-After` read, the database's in a worker (`DatabaseClock.now`)."""
+        self._now = now
         target = bot.target(destination)
         if target is None:
             lacking = "downstream_url" if destination == DEFAULT_DESTINATION else destination
@@ -132,11 +137,17 @@ class Downstream:
 
     def _sign(self, headers: dict[str, str], message_id: str, body: str) -> datetime:
         """Sign the message when the bot has a signing secret; the timestamp either way."""
-        return sign(self._signer, headers, message_id, body)
+        return sign(self._signer, headers, message_id, body, self._now())
 
     async def _post(self, url: httpx.URL, headers: dict[str, str], body: str) -> Outcome:
         return await post(
-            self._transport, url, headers, body, self._timeout, deadline=self._deadline
+            self._transport,
+            url,
+            headers,
+            body,
+            self._timeout,
+            deadline=self._deadline,
+            now=self._now,
         )
 
 
@@ -181,10 +192,13 @@ async def _in_client_span(
         return outcome
 
 
-def sign(signer: Webhook | None, headers: dict[str, str], message_id: str, body: str) -> datetime:
-    """Add the Standard Webhooks headers of `body` (as `message_id`) when there is a signer;
-    the timestamp signed, or now."""
-    timestamp = datetime.now(tz=UTC)
+def sign(
+    signer: Webhook | None, headers: dict[str, str], message_id: str, body: str, now: int
+) -> datetime:
+    """Add the Standard Webhooks headers of `body` (as `message_id`) when there is a signer,
+    timestamped `now` (epoch ms: the database's clock, which a receiver's tolerance of five
+    minutes judges against its own); the timestamp either way."""
+    timestamp = datetime.fromtimestamp(now / 1000, tz=UTC)
     if signer is not None:
         headers["webhook-id"] = message_id
         headers["webhook-timestamp"] = str(int(timestamp.timestamp()))
@@ -200,11 +214,13 @@ async def post(
     limits: dict[str, float | None],
     *,
     deadline: float | None = None,
+    now: Callable[[], int] = wall_clock_ms,
 ) -> Outcome:
     """POST `body` within `limits` (httpx's timeouts, as a dict: each step's) and within
     `deadline` seconds in all (None: the longest of `limits`); what the answer means
-    (`app.policy`). Never raises for the receiver's sake: a failure is an Outcome too, and a
-    passed deadline is a timeout."""
+    (`app.policy`, an HTTP-date `Retry-After` read against `now`, epoch ms). Never raises
+    for the receiver's sake: a failure is an Outcome too, and a passed deadline is a
+    timeout."""
     if deadline is None:
         deadline = max((limit for limit in limits.values() if limit is not None), default=None)
     # The transport's timeouts bound each socket read: a downstream sending a byte a second
@@ -221,8 +237,9 @@ async def post(
                     "POST", url, headers.items(), body.encode(), limits
                 )
                 retry = next((v for n, v in raw if n.lower() == b"retry-after"), None)
-                return classify_answer(status, None if retry is None else retry.decode(), content)
-            return await _post_through(transport, url, headers, body, limits)
+                retry_after = None if retry is None else retry.decode()
+                return classify_answer(status, retry_after, content, now)
+            return await _post_through(transport, url, headers, body, limits, now)
     except httpx.HTTPError as error:
         return classify_error(error)
     except TimeoutError:
@@ -238,6 +255,7 @@ async def _post_through(
     headers: dict[str, str],
     body: str,
     limits: dict[str, float | None],
+    now: Callable[[], int],
 ) -> Outcome:
     """Any other httpx transport (a test's `MockTransport`), through httpx's Request and
     Response: AsyncClient's machinery (auth, redirects, cookies, hooks) is all unused here."""
@@ -250,7 +268,7 @@ async def _post_through(
             await response.aread()
     finally:
         await response.aclose()
-    return classify(response)
+    return classify(response, now)
 
 
 def open_transport(max_connections: int) -> httpx.AsyncBaseTransport:

@@ -219,3 +219,54 @@ async def test_a_trickling_answer_ends_the_attempt_at_its_deadline(
     assert outcome.error.startswith("timeout: ")
     assert "the attempt's deadline passed" in outcome.error
     assert took < 2.5  # the 1 s deadline and a generous slack; the answer takes 6 s
+
+
+# The database's clock ten minutes behind this host's (issue 49: hosts whose clocks disagree).
+SKEWED_MS = time.time_ns() // 1_000_000 - 600_000
+
+
+def _bot() -> BotSettings:
+    return BotSettings(
+        name="shop",
+        secret_token=SecretStr("s"),
+        downstream_url="http://bot.internal/hook",  # type: ignore[arg-type]
+        signing_secret=SecretStr(SIGNING),
+    )
+
+
+async def test_signatures_are_timestamped_by_the_database_s_clock_not_the_host_s() -> None:
+    # A receiver checks the timestamp against its own clock (Standard Webhooks: five minutes
+    # either way); the host's clock ten minutes off made every signature fail that check.
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200)
+
+    target = Downstream(_bot(), httpx.MockTransport(handler), now=lambda: SKEWED_MS)
+    await target.forward(IDENTITY, BODY, lease_until=SKEWED_MS + 60_000)
+    (request,) = sent
+    assert request.headers["webhook-timestamp"] == str(SKEWED_MS // 1000)
+    signed_at = datetime.fromtimestamp(SKEWED_MS // 1000, tz=UTC)
+    expected = Webhook(SIGNING).sign(request.headers["webhook-id"], signed_at, BODY)
+    assert request.headers["webhook-signature"] == expected
+
+
+async def test_an_http_date_retry_after_counts_from_the_database_s_clock() -> None:
+    # "Come back at T" with T twenty seconds after the database's now: by this host's clock,
+    # ten minutes ahead, T had long passed (a wait of 0); by the database's it is 20 s away.
+    at = datetime.fromtimestamp(SKEWED_MS / 1000 + 20, tz=UTC)
+    header = at.strftime("%a, %d %b %Y %H:%M:%S GMT")
+
+    def busy(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, headers={"retry-after": header})
+
+    target = Downstream(_bot(), httpx.MockTransport(busy), now=lambda: SKEWED_MS)
+    outcome = await target.forward(IDENTITY, BODY, lease_until=SKEWED_MS + 60_000)
+    assert outcome.kind == "retry"
+    assert outcome.retry_after is not None
+    assert 19 <= outcome.retry_after <= 21, outcome.retry_after
+    on_the_host = await Downstream(_bot(), httpx.MockTransport(busy)).forward(
+        IDENTITY, BODY, lease_until=SKEWED_MS + 60_000
+    )
+    assert on_the_host.retry_after == 0.0  # the control: the host's clock reads it as passed
