@@ -1,0 +1,106 @@
+"""Hosts whose clocks disagree (issue 49): `serve` ten minutes ahead of the database and a
+`worker` ten minutes behind it, each under libfaketime (Debian's `faketime`), on PostgreSQL,
+whose clock is the one every process reads (`app/dispatch/clock.py`). The downstream runs on
+the true clock and verifies each signature with the Standard Webhooks library's default
+tolerance (five minutes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import time
+from datetime import UTC, datetime
+from email.utils import format_datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tests.conftest import Storage
+from tests.downstream import SIGNING_SECRET, FakeDownstream, Received, eventually, message, ok
+from tests.processes import (
+    SECRET,
+    STARTUP,
+    Process,
+    environment,
+    free_port,
+    unavailable,
+)
+
+pytestmark = pytest.mark.slow  # real processes
+
+INLINE = {
+    "update_id": 2,
+    "inline_query": {"id": "q", "from": {"id": 7}, "query": "cats", "offset": ""},
+}
+RETRY_IN = 3.0  # seconds, as an HTTP date the downstream gives on a message's first attempt
+
+
+def _skewed(offset: str) -> list[str]:
+    """`python -m app.cli` under libfaketime, its clocks `offset` from the true one."""
+    binary = shutil.which("faketime")
+    if binary is None:
+        unavailable("faketime is not installed (apt-get install faketime)")
+    return [binary, "-f", offset, sys.executable, "-m", "app.cli"]
+
+
+async def test_skewed_hosts_sign_retry_and_keep_deadlines_by_the_database_s_clock(
+    postgres_storage: Storage, downstream: FakeDownstream, tmp_path: Path
+) -> None:
+    signer = Webhook(SIGNING_SECRET)
+    refused: list[str] = []
+
+    async def answer(received: Received, request: Request) -> Response:
+        try:
+            signer.verify(received.body, received.headers)
+        except WebhookVerificationError as error:
+            refused.append(f"{received.update_id}: {error}")
+        if received.update_id == 1 and received.attempt == 1:
+            # "Come back in RETRY_IN seconds", by the true clock (the database's here).
+            at = datetime.fromtimestamp(time.time() + RETRY_IN, tz=UTC)
+            headers = {"retry-after": format_datetime(at, usegmt=True)}
+            return Response("{}", 503, headers, media_type="application/json")
+        return await ok(received, request)
+
+    downstream.answer = answer
+    port = free_port()
+    env = environment(
+        postgres_storage.url(),
+        f"{downstream.url}/hook",
+        port=port,
+        signing_secret=SIGNING_SECRET,
+        retry_after_cap_seconds=30,
+    )
+    serve = Process("serve", tmp_path, env, "serve", program=_skewed("+10m"))
+    worker = Process("worker", tmp_path, env, "worker", program=_skewed("-10m"))
+    try:
+        await eventually(lambda: serve.answers(f"http://127.0.0.1:{port}/healthz"), within=STARTUP)
+        headers = {"x-telegram-bot-api-secret-token": SECRET}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            for body in (message(1), json.dumps(INLINE)):
+                posted = await client.post("/telegram/default", content=body, headers=headers)
+                assert posted.status_code == 200, serve.report()
+        try:
+            await eventually(lambda: len(downstream.received) >= 3, within=40)
+        except AssertionError:
+            seen = [(r.update_id, r.attempt) for r in downstream.received]
+            raise AssertionError(f"arrived {seen}\n{worker.report()}") from None
+        await asyncio.sleep(
+            1.0
+        )  # nothing more arrives: no lease taken over early, no retry too many
+    finally:
+        serve.kill()
+        worker.kill()
+    arrivals = {(r.update_id, r.attempt): r.at for r in downstream.received}
+    assert sorted(arrivals) == [(1, 1), (1, 2), (2, 1)]  # the inline query in time, once
+    assert refused == []  # every signature within the receiver's five minutes
+    waited = arrivals[(1, 2)] - arrivals[(1, 1)]
+    # By the worker's own clock the date was ten minutes away (waited up to the cap, 30 s);
+    # by the database's, RETRY_IN seconds.
+    assert RETRY_IN - 1 <= waited <= RETRY_IN + 4, waited
