@@ -68,6 +68,7 @@ def create_app(
                 await clock.sync()
                 resync = asyncio.create_task(clock.run())
                 stack.callback(resync.cancel)
+                metrics.clock_offset(clock.host_offset_seconds)  # the dispatcher's does it too
 
             committer = GroupCommitter(
                 store,

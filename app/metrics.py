@@ -12,7 +12,7 @@ bounded sets of `app.metric_labels`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar, get_args
 
@@ -212,6 +212,11 @@ class Metrics:
             ["bot"],
             registry=registry,
         )
+        self._clock_offset = Gauge(
+            PREFIX + "clock_offset_seconds",
+            "The database's clock minus this host's wall clock, as this process last read it.",
+            registry=registry,
+        )
         self._poll_error = Gauge(
             PREFIX + "poll_last_error_timestamp_seconds",
             "When this process's poller last met an error from getUpdates (0: none yet).",
@@ -256,6 +261,10 @@ class Metrics:
             offset=self._poll_offset.labels(bot),
             last_error=self._poll_error.labels(bot),
         )
+
+    def clock_offset(self, offset: Callable[[], float]) -> None:
+        """Read the clock offset gauge from `offset` (`DatabaseClock.host_offset_seconds`)."""
+        self._clock_offset.set_function(offset)
 
     def operational_event(self, kind: EventType, result: DeliveryResult) -> None:
         self._events.labels(kind, result).inc()

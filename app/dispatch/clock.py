@@ -19,6 +19,11 @@ from app.store.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
+# A host's wall clock this far from the database's is said once in the log (and again after
+# it came back within it): the service does not need it right, but whoever reads its
+# signatures and its logs' times does.
+HOST_OFF_SECONDS = 60.0
+
 
 class DatabaseClock:
     """Epoch milliseconds by the database's clock, read through the local monotonic clock
@@ -35,8 +40,10 @@ class DatabaseClock:
         self._store = store
         self._resync = resync_seconds
         self._monotonic_ns = monotonic_ns
+        self._time_ns = time_ns
         # Until the first sync: the local wall clock, the best guess there is.
         self._offset = time_ns() / 1_000_000 - self._monotonic_ms()
+        self._told_off = False  # whether this process said its host's clock is off
 
     def now(self) -> int:
         return int(self._monotonic_ms() + self._offset)
@@ -60,6 +67,22 @@ class DatabaseClock:
                 best = (after - before, database - (before + after) / 2)
         assert best is not None, "reads must be at least 1"
         self._offset = best[1]
+        off = self.host_offset_seconds()
+        if abs(off) >= HOST_OFF_SECONDS and not self._told_off:
+            self._told_off = True
+            log.warning(
+                "this host's clock is %.1f s %s the database's: every time the service "
+                "decides by is the database's, but a receiver checks signatures' timestamps "
+                "against its own clock (docs/operations.md)",
+                abs(off),
+                "behind" if off > 0 else "ahead of",
+            )
+        elif abs(off) < HOST_OFF_SECONDS:
+            self._told_off = False
+
+    def host_offset_seconds(self) -> float:
+        """The database's clock minus this host's wall clock, in seconds, as last read."""
+        return (self.now() - self._time_ns() / 1_000_000) / 1000
 
     async def run(self) -> None:
         """Resync forever; a failed read keeps the last offset (clocks drift slowly)."""

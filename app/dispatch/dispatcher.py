@@ -75,6 +75,7 @@ class Dispatcher:
         self._metrics = metrics
         self._transport = transport
         self._clock = DatabaseClock(store, monotonic_ns=monotonic_ns)
+        metrics.clock_offset(self._clock.host_offset_seconds)
         self._lanes = []
         for bot in chosen:
             for target in bot.targets:

@@ -39,6 +39,7 @@ INLINE = {
     "update_id": 2,
     "inline_query": {"id": "q", "from": {"id": 7}, "query": "cats", "offset": ""},
 }
+KEY = "skewed-clocks-key-0123456789"
 RETRY_IN = 3.0  # seconds, as an HTTP date the downstream gives on a message's first attempt
 
 
@@ -76,6 +77,7 @@ async def test_skewed_hosts_sign_retry_and_keep_deadlines_by_the_database_s_cloc
         port=port,
         signing_secret=SIGNING_SECRET,
         retry_after_cap_seconds=30,
+        api_keys=KEY,
     )
     serve = Process("serve", tmp_path, env, "serve", program=_skewed("+10m"))
     worker = Process("worker", tmp_path, env, "worker", program=_skewed("-10m"))
@@ -91,9 +93,9 @@ async def test_skewed_hosts_sign_retry_and_keep_deadlines_by_the_database_s_cloc
         except AssertionError:
             seen = [(r.update_id, r.attempt) for r in downstream.received]
             raise AssertionError(f"arrived {seen}\n{worker.report()}") from None
-        await asyncio.sleep(
-            1.0
-        )  # nothing more arrives: no lease taken over early, no retry too many
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            scraped = await client.get("/metrics", headers={"authorization": f"Bearer {KEY}"})
+        await asyncio.sleep(1.0)  # nothing more: no lease taken over early, no retry too many
     finally:
         serve.kill()
         worker.kill()
@@ -104,3 +106,12 @@ async def test_skewed_hosts_sign_retry_and_keep_deadlines_by_the_database_s_cloc
     # By the worker's own clock the date was ten minutes away (waited up to the cap, 30 s);
     # by the database's, RETRY_IN seconds.
     assert RETRY_IN - 1 <= waited <= RETRY_IN + 4, waited
+    # Each process measured its host's clock and said so once: serve ahead, the worker behind.
+    [offset] = [
+        float(line.split()[-1])
+        for line in scraped.text.splitlines()
+        if line.startswith("telegram_intake_clock_offset_seconds ")
+    ]
+    assert -605 <= offset <= -595, offset
+    assert serve.stderr.count("s ahead of the database's") == 1, serve.stderr
+    assert worker.stderr.count("s behind the database's") == 1, worker.stderr
