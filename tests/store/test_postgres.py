@@ -270,9 +270,10 @@ async def test_refresh_statistics_describes_the_pause_tables_once_and_after_a_ch
     # planner must know; autovacuum never gathers statistics of a table this quiet.
     url = postgres_storage.url()
     store = await open_store(url)
+    # By relid, this schema's: other tests' schemas hold tables of the same names.
     analyzed = (
-        "SELECT relname, analyze_count FROM pg_stat_user_tables "
-        "WHERE relname IN ('telegram_updates_bots', 'telegram_updates_destinations')"
+        "SELECT relname, analyze_count FROM pg_stat_user_tables WHERE relid IN "
+        "(to_regclass('telegram_updates_bots'), to_regclass('telegram_updates_destinations'))"
     )
 
     async def counts() -> dict[str, int]:
