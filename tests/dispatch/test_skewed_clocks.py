@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import sys
 import time
 from datetime import UTC, datetime
 from email.utils import format_datetime
@@ -43,12 +41,14 @@ KEY = "skewed-clocks-key-0123456789"
 RETRY_IN = 3.0  # seconds, as an HTTP date the downstream gives on a message's first attempt
 
 
-def _skewed(offset: str) -> list[str]:
-    """`python -m app.cli` under libfaketime, its clocks `offset` from the true one."""
-    binary = shutil.which("faketime")
-    if binary is None:
-        unavailable("faketime is not installed (apt-get install faketime)")
-    return [binary, "-f", offset, sys.executable, "-m", "app.cli"]
+def _skewed(env: dict[str, str], offset: str) -> dict[str, str]:
+    """`env` for a process whose clocks are `offset` from the true one: libfaketime preloaded
+    into the process itself (the `faketime` command would run it as a child of its own, which
+    a kill of the command leaves running, its connections held)."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))
+    if not found:
+        unavailable("libfaketime is not installed (apt-get install faketime)")
+    return env | {"LD_PRELOAD": str(found[0]), "FAKETIME": offset}
 
 
 async def test_skewed_hosts_sign_retry_and_keep_deadlines_by_the_database_s_clock(
@@ -79,8 +79,8 @@ async def test_skewed_hosts_sign_retry_and_keep_deadlines_by_the_database_s_cloc
         retry_after_cap_seconds=30,
         api_keys=KEY,
     )
-    serve = Process("serve", tmp_path, env, "serve", program=_skewed("+10m"))
-    worker = Process("worker", tmp_path, env, "worker", program=_skewed("-10m"))
+    serve = Process("serve", tmp_path, _skewed(env, "+10m"), "serve")
+    worker = Process("worker", tmp_path, _skewed(env, "-10m"), "worker")
     try:
         await eventually(lambda: serve.answers(f"http://127.0.0.1:{port}/healthz"), within=STARTUP)
         headers = {"x-telegram-bot-api-secret-token": SECRET}
