@@ -23,11 +23,11 @@ from starlette.responses import Response
 from tests.conftest import Storage
 from tests.downstream import SIGNING_SECRET, FakeDownstream, Received, eventually, message, ok
 from tests.processes import (
-    SECRET,
     STARTUP,
     Process,
     environment,
     free_port,
+    post_update,
     unavailable,
 )
 
@@ -83,11 +83,9 @@ async def test_skewed_hosts_sign_retry_and_keep_deadlines_by_the_database_s_cloc
     worker = Process("worker", tmp_path, _skewed(env, "-10m"), "worker")
     try:
         await eventually(lambda: serve.answers(f"http://127.0.0.1:{port}/healthz"), within=STARTUP)
-        headers = {"x-telegram-bot-api-secret-token": SECRET}
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        async with httpx.AsyncClient(timeout=30) as client:
             for body in (message(1), json.dumps(INLINE)):
-                posted = await client.post("/telegram/default", content=body, headers=headers)
-                assert posted.status_code == 200, serve.report()
+                await post_update(client, port, body)
         try:
             await eventually(lambda: len(downstream.received) >= 3, within=40)
         except AssertionError:
