@@ -88,6 +88,7 @@ def create_app(
             app.webhook = app.state.intake
             stack.callback(setattr, app, "webhook", None)
             metrics.database.watch(store, clock.now)
+            metrics.storage(store.storage)
             stack.push_async_callback(metrics.database.unwatch)
 
             async def wake() -> None:

@@ -42,6 +42,7 @@ from app.metric_labels import (
     WebhookCheck,
 )
 from app.store import EventType
+from app.store.storage import StorageWatch
 from app.store.types import DEFAULT_DESTINATION
 
 __all__ = ["CONTENT_TYPE", "AttemptMeters", "IntakeMeters", "Metrics"]
@@ -217,6 +218,17 @@ class Metrics:
             "The database's clock minus this host's wall clock, as this process last read it.",
             registry=registry,
         )
+        self._storage_full = Gauge(
+            PREFIX + "storage_full",
+            "1 while this process's writes fail for want of space on the database's disk (an"
+            " episode of a full disk), else 0.",
+            registry=registry,
+        )
+        self._storage_full_since = Gauge(
+            PREFIX + "storage_full_since_timestamp_seconds",
+            "When the episode of a full disk this process sees began; 0 while there is none.",
+            registry=registry,
+        )
         self._poll_error = Gauge(
             PREFIX + "poll_last_error_timestamp_seconds",
             "When this process's poller last met an error from getUpdates (0: none yet).",
@@ -265,6 +277,13 @@ class Metrics:
     def clock_offset(self, offset: Callable[[], float]) -> None:
         """Read the clock offset gauge from `offset` (`DatabaseClock.host_offset_seconds`)."""
         self._clock_offset.set_function(offset)
+
+    def storage(self, watch: StorageWatch) -> None:
+        """Read the full-disk gauges from `watch` (the store's, `app.store.storage`)."""
+        self._storage_full.set_function(lambda: 0 if watch.episode is None else 1)
+        self._storage_full_since.set_function(
+            lambda: 0 if watch.episode is None else watch.episode.began_at / 1000
+        )
 
     def operational_event(self, kind: EventType, result: DeliveryResult) -> None:
         self._events.labels(kind, result).inc()

@@ -101,6 +101,7 @@ async def _serving(
         yield
         return
     metrics.database.watch(store, dispatcher.clock.now)
+    metrics.storage(store.storage)
     app = health_app(settings, store, dispatcher, metrics)
     limits = ConnectionLimits.of(settings, metrics.connection_closed)
     server = _Server(

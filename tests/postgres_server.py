@@ -122,6 +122,7 @@ class Cluster:
         *,
         password: str | None = None,
         listen: tuple[str, ...] = ("127.0.0.1",),
+        wal_directory: Path | None = None,
     ) -> None:
         self.port = free_port()
         self._listen = ",".join(listen)
@@ -132,9 +133,12 @@ class Cluster:
         self._bindir = bindir
         self._data = directory / "data"
         self._log = directory / "server.log"
+        self._wal = wal_directory
         self._user = server_user(bindir)
         if self._user is not None:
             shutil.chown(directory, self._user)
+            if wal_directory is not None:
+                shutil.chown(wal_directory, self._user)
 
     def url(self, database: str = "postgres") -> str:
         return f"{self.base_url}/{database}"
@@ -152,11 +156,27 @@ class Cluster:
             raise RuntimeError(f"{command[0]} failed: {result.stderr}{result.stdout}\n{log}")
 
     def init(self) -> None:
+        # With a WAL directory of its own (a volume of its own, say), in segments of 1 MiB:
+        # the server needs a new file of it for every MiB written, as a busy server does for
+        # every 16.
+        wal = (
+            [] if self._wal is None else ["--waldir", str(self._wal / "pg_wal"), "--wal-segsize=1"]
+        )
         self._run(
             str(self._bindir / "initdb"), "-D", str(self._data), "-U", "postgres",
-            "--auth=trust", "--no-sync", "-E", "UTF8",
+            "--auth=trust", "--no-sync", "-E", "UTF8", *wal,
         )  # fmt: skip
         self.start()
+
+    @property
+    def log_text(self) -> str:
+        """What the server logged so far."""
+        return self._log.read_text(errors="replace") if self._log.exists() else ""
+
+    @property
+    def running(self) -> bool:
+        """Its postmaster is alive (a PANIC that it could not recover from ends it)."""
+        return self._postmaster() is not None
 
     def standby_of(self, primary: Cluster, name: str) -> None:
         """Copy `primary` (`pg_basebackup`, its WAL streamed) and start as its standby,
@@ -276,12 +296,18 @@ def running_cluster(
     password: str | None = None,
     standby_of: tuple[Cluster, str] | None = None,
     listen: tuple[str, ...] = ("127.0.0.1",),
+    directory: Path | None = None,
+    wal_directory: Path | None = None,
 ) -> Iterator[Cluster]:
     """A started cluster from `bindir`, stopped and removed at the end: a new one, or with
-    `standby_of=(primary, name)` a standby of `primary` streaming as `name`."""
-    directory = Path(tempfile.mkdtemp(prefix="intake-test-pg-"))
+    `standby_of=(primary, name)` a standby of `primary` streaming as `name`. Its files go in
+    `directory` (an empty one; default: a new temporary one), its WAL in `wal_directory`
+    when given."""
+    directory = directory or Path(tempfile.mkdtemp(prefix="intake-test-pg-"))
     try:
-        cluster = Cluster(bindir, directory, password=password, listen=listen)
+        cluster = Cluster(
+            bindir, directory, password=password, listen=listen, wal_directory=wal_directory
+        )
         failed = True
         try:
             if standby_of is None:

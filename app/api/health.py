@@ -3,11 +3,14 @@ beside the intake and the API; `telegram-intake worker` serves them alone on
 INTAKE_WORKER_PORT. Each reads what it needs from `app.state`: settings, store, metrics.
 
 /readyz answers anyone, but says only ready or not (docs/contract.md section 16): why it is not (a
-bot Telegram refuses, the schema's revision, the database's error) and the schema's capability
+bot Telegram refuses, the schema's revision, the database's error, a full disk while its episode
+lasts: `app.store.storage`) and the schema's capability
 are for a key with the viewer scope, which the request guard looks up when one is presented
 (`app.http.guard`)."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -50,6 +53,9 @@ async def _readiness(request: Request, key: ApiKey | None) -> dict[str, str]:
     """Ready or not, and why, as `key` may read it: no table or driver text, and of a stopped
     poller only its bots' (another bot's makes the process unavailable without being named)."""
     store: OperatorStore = request.app.state.store
+    full = store.storage.episode
+    # A full disk, in the database's words (it may also have stopped the server: its WAL).
+    storage = "" if full is None else f"{full.cause} (since {_iso(full.began_at)})"
     try:
         await store.ping()
         request.app.state.settings.check_schema(store)
@@ -57,13 +63,21 @@ async def _readiness(request: Request, key: ApiKey | None) -> dict[str, str]:
         problem = f"the database schema is below what the bots need; {UPGRADE_HINT}"
         return {"status": "unavailable", "error": problem}
     except (StoreError, OSError) as error:
-        return {"status": "unavailable", "error": f"database unreachable ({type(error).__name__})"}
+        problem = f"database unreachable ({type(error).__name__})"
+        return {"status": "unavailable", "error": "; ".join(filter(None, [storage, problem]))}
+    if storage:
+        return {"status": "unavailable", "error": storage}
     dispatcher = getattr(request.app.state, "dispatcher", None)
     stopped = {} if dispatcher is None else dispatcher.stopped_sources()
     if stopped:  # a bot whose poller cannot run (Telegram refuses its token)
         told = [why for bot, why in stopped.items() if key is not None and key.allows(bot)]
         return {"status": "unavailable", "error": "; ".join(told) or "a bot cannot take updates"}
     return {"status": "ready", "capability": store.capability}
+
+
+def _iso(at: int) -> str:
+    """Epoch ms as ISO 8601, UTC, to the second."""
+    return datetime.fromtimestamp(at / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @router.get(

@@ -16,7 +16,7 @@ from app.dispatch.forward import Downstream
 from app.metric_labels import AttemptOutcome
 from app.metrics import AttemptMeters
 from app.policy import wall_clock_ms
-from app.store import Claimed, ClaimIdentity
+from app.store import Claimed, ClaimIdentity, StoreError
 from app.store.types import DEFAULT_DESTINATION, Ordering
 
 
@@ -94,6 +94,12 @@ class Attempt:
     probe: bool = False  # the one attempt a half-open breaker let through
     judged: bool = False  # its answer reached the breaker
     outcome: AttemptOutcome = "unsettled"  # how it ended, counted as it does ("lost" aside)
+    # Its settle or exhaustion waits for a database that cannot write (full, or unreachable):
+    # retried until it lands or is refused, however long (`AttemptRunner._retrying`).
+    stalled: bool = False
+    # Why its last renewal failed, None once one lands: a lease that runs out while the
+    # database cannot write is handed back, spending nothing (`LeaseKeeper`).
+    renewal_error: StoreError | None = None
     # With tracing on, the claim that took it: its statement's start and end (epoch ns), and
     # how many rows that statement took (a claim is batched, before any attempt exists).
     claim: ClaimSpan | None = None

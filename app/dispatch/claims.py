@@ -38,11 +38,13 @@ from app.dispatch.clock import DatabaseClock, wait_or_timeout
 from app.dispatch.runner import AttemptRunner
 from app.logs import AttemptLog
 from app.store import Claimed, ClaimIdentity, OperatorStore, SchemaError, StoreError
+from app.store.storage import failure_level
 from app.store.types import DEFAULT_DESTINATION
 
 log = logging.getLogger(__name__)
 CONTROLS_SECONDS = 1.0  # how often the loop reads which bots have a rate limit
 THROTTLED_SECONDS = 0.05  # the least a throttled bot waits for tokens: not a claim per token
+STALLED_LOOK_SECONDS = 0.1  # how often claims look again while settles are stalled
 
 # A plain bot's attempts have no claim_id (revision 0001); this stands in, never sent or stored.
 PLAIN_CLAIM = "(plain)"
@@ -118,9 +120,14 @@ class ClaimLoop:
             try:
                 await self._read_controls()
             except StoreError as error:
-                log.warning("reading the bots' controls failed: %s", error)
+                log.log(failure_level(error), "reading the bots' controls failed: %s", error)
             if self._free() < self._refill:
                 await wait_or_timeout(self._wake, self._poll)
+                continue
+            if self._runner.stalled:
+                # Settles wait for a database that cannot write: theirs land first, before a
+                # claim here retakes an update whose lease lapsed meanwhile (`app.dispatch.runner`).
+                await asyncio.sleep(STALLED_LOOK_SECONDS)
                 continue
             more = False
             failed = False
@@ -135,7 +142,7 @@ class ClaimLoop:
                 try:
                     started = await self._claim(lane, wanted)
                 except StoreError as error:
-                    log.warning("claim for %r failed: %s", lane.label, error)
+                    log.log(failure_level(error), "claim for %r failed: %s", lane.label, error)
                     failed = True
                     continue
                 except Exception:  # a bug must not end the claim loop of a process

@@ -44,6 +44,7 @@ from app.dispatch.settler import Settler
 from app.intake.polling import Poller
 from app.metrics import Metrics
 from app.store import OperatorStore, StoreError
+from app.store.storage import failure_level
 
 log = logging.getLogger(__name__)
 # After the grace period, how long a stop waits at most for hand-backs and the last settles.
@@ -185,6 +186,7 @@ class Dispatcher:
             self._clock.now,
             self._claims.attempts,
             self._runner.lost,
+            self._runner.hand_back,
             tick=self._tick,
             beat=self._liveness.beater("lease keeper"),
         )
@@ -277,8 +279,13 @@ class Dispatcher:
                 at = self._clock.now()
                 await self._store.report_breaker(bot, state, at=at, destination=destination)
             except (StoreError, ValueError) as error:
-                log.warning(
-                    "could not record bot %r's breaker %s (%s): %s", bot, state, destination, error
+                log.log(
+                    failure_level(error),
+                    "could not record bot %r's breaker %s (%s): %s",
+                    bot,
+                    state,
+                    destination,
+                    error,
                 )
 
         task = asyncio.create_task(report())

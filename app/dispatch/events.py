@@ -34,6 +34,7 @@ from app.dispatch.maintenance import backoff_seconds, delivered, pause_for, repe
 from app.metrics import Metrics
 from app.policy import Outcome
 from app.store import OperationalEvent, OperatorStore, StoreError, WebhookInfo
+from app.store.storage import failure_level
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,8 @@ class WebhookWatch:
                     try:
                         await self.check(client, bot)
                     except StoreError as error:
-                        log.warning("webhook watch of bot %r: %s", bot.name, error)
+                        level = failure_level(error)
+                        log.log(level, "webhook watch of bot %r: %s", bot.name, error)
                     except Exception:  # a bug must not end the watch for the process's life
                         log.exception("webhook watch of bot %r failed", bot.name)
                 await asyncio.sleep(tick)

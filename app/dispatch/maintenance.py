@@ -27,6 +27,7 @@ from app.logs import AttemptLog
 from app.metrics import AttemptMeters
 from app.policy import Outcome
 from app.store import Exhaustion, OperatorStore, StoreError, UpdateStore
+from app.store.storage import failure_level
 from app.store.types import DEFAULT_DESTINATION
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ async def repeat_forever(
         try:
             await job()
         except StoreError as error:
-            log.warning("%s: %s", what, error)
+            log.log(failure_level(error), "%s: %s", what, error)
         except Exception:
             log.exception("%s failed", what)
         await wait(time.monotonic() - began)
@@ -276,7 +277,7 @@ async def _upkeep(what: str, done: str, job: Awaitable[bool]) -> bool | None:
     try:
         did = await job
     except StoreError as error:
-        log.warning("%s: %s", what, error)
+        log.log(failure_level(error), "%s: %s", what, error)
         return None
     except Exception:  # a bug must not end this upkeep for the life of the process
         log.exception("%s failed", what)

@@ -9,7 +9,16 @@ write is retried while the database is unavailable and the lease still holds.
 A refused settle or exhaustion is the owner-lost signal (`lost`, which the lease keeper
 raises too): the request is cancelled, nothing is settled, and a late answer is ignored. An
 attempt cancelled because the dispatcher is stopping is handed back: a fenced settle that
-makes it due at once, so another process retakes it, and spends none of its budget.
+makes it due at once, so another process retakes it, and spends none of its budget. So is
+one whose lease ran out while the database could not write (`hand_back`): a full disk or a
+lost database is not the update's failure, and spends none of its attempts.
+
+A settle or exhaustion that the database cannot take is retried (`_retrying`): a timeout
+while the lease holds, a database that cannot write at all until the write lands or is
+refused, past the lease if need be. Meanwhile the attempt is `stalled`, and the claim loop
+of this process waits (`stalled`): a lease that lapsed in the fault is not retaken here before
+its own attempt's settle, so a fault shorter than the lease delivers nothing twice, nor does
+a longer one unless another process's claim comes first.
 
 With tracing on (`app.tracing`), each attempt is a CONSUMER span, "process {bot}", in the
 update's trace (the child of the intake's span, by the `traceparent` kept with the row),
@@ -45,8 +54,10 @@ from app.store import (
     OperatorStore,
     Settlement,
     StoreError,
+    StoreTimedOut,
     StoreUnavailable,
 )
+from app.store.storage import failure_level
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -55,6 +66,7 @@ log = logging.getLogger(__name__)
 Result = TypeVar("Result")
 
 EXPIRED = "expired"
+STALLED_PAUSE_SECONDS = 0.25  # the longest wait between two tries of a write the database refused
 # Attempt outcomes that mark the attempt's span an error (a retry, a deferral and a hand-back
 # are the plan working; an exhaustion is the update's failure, and so are these).
 _FAILED = frozenset({"terminal", "spent", "expired", "unsettled", "lost"})
@@ -97,6 +109,7 @@ class AttemptRunner:
         self._jitter = jitter
         self._tracer = tracing.tracer()
         self.owner_lost = 0  # attempts that found their claim taken or lapsed
+        self.stalled = 0  # attempts whose settle waits for a database that cannot write
 
     async def run(self, attempt: Attempt, forwarded: Callable[[Attempt], None]) -> None:
         """Forward and conclude `attempt`; `forwarded` is called once its request has ended
@@ -187,7 +200,10 @@ class AttemptRunner:
                 if attempt.handed_back:
                     forwarded(attempt)
                     attempt.outcome = "handed_back"
-                    await self._settle(attempt, HandedBack(self._clock.now()))
+                    # At the latest the last proven lease, which it held then: a hand-back
+                    # after the lease ran out lands while no other claim took the update.
+                    at = min(self._clock.now(), attempt.lease_until)
+                    await self._settle(attempt, HandedBack(at))
                     return
                 if attempt.lost:
                     return  # owner lost: nothing to settle, and no answer to wait for
@@ -219,6 +235,20 @@ class AttemptRunner:
                 "could not settle (%s); redelivered once its lease lapses",
                 error,
             )
+
+    def hand_back(self, attempt: Attempt, error: StoreError) -> None:
+        """Its lease is running out while the database cannot write (`error`, its renewals'):
+        stop the request and give the update back, spending none of its attempts."""
+        if attempt.lost or attempt.handed_back:
+            return
+        attempt.handed_back = True
+        AttemptLog.of(log, attempt.identity).log(
+            failure_level(error),
+            "handed back: its lease ran out while the database could not write (%s)",
+            error,
+        )
+        if attempt.forwarding and attempt.task is not None:
+            attempt.task.cancel()
 
     def lost(self, attempt: Attempt, reason: LostReason) -> None:
         """The advisory owner-lost signal: cancel the request, settle nothing."""
@@ -324,13 +354,26 @@ class AttemptRunner:
         return False
 
     async def _retrying(self, attempt: Attempt, call: Callable[[], Awaitable[Result]]) -> Result:
-        """`call`, retried while the database is unavailable and the lease still holds."""
+        """`call`, a write fenced by `attempt`'s claim, retried while the database cannot take
+        it: one that timed out while the lease holds; one that cannot write at all (a full
+        disk, a lost connection) until it lands or is refused. The fenced write matches the
+        exact claim, which no lapse of the lease changes, only another claim: and none can
+        be written while this one cannot. Meanwhile the attempt is `stalled`."""
         pause = 0.05
-        while True:
-            try:
-                return await call()
-            except StoreUnavailable:
-                if self._clock.now() + pause * 1000 > attempt.lease_until:
-                    raise
+        try:
+            while True:
+                try:
+                    return await call()
+                except StoreTimedOut:
+                    if self._clock.now() + pause * 1000 > attempt.lease_until:
+                        raise
+                except StoreUnavailable:
+                    if not attempt.stalled:
+                        attempt.stalled = True
+                        self.stalled += 1
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, 1.0)
+                pause = min(pause * 2, STALLED_PAUSE_SECONDS)
+        finally:
+            if attempt.stalled:
+                attempt.stalled = False
+                self.stalled -= 1

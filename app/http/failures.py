@@ -7,6 +7,10 @@ line carries the same id (the field `request_id` in JSON logs, and in the messag
 whole detail: the store's message, and for anything unexpected its traceback.
 
     StoreUnavailable, StoreBusy  503 + Retry-After  "the database is unavailable; retry"  warning
+    StorageFull                  503 + Retry-After  the same                                 debug
+
+A full disk's requests are logged at DEBUG: its episode's two lines at ERROR tell operators when
+it began and ended, in the database's words (`app.store.storage`), not one line per request.
     SchemaError                  409                the schema needs an operator            error
     any other StoreError         500                "the database refused the request"     error
     any other exception          500                "the server failed ..."  error, traceback
@@ -23,6 +27,7 @@ import secrets
 from dataclasses import dataclass
 
 from app.store import SchemaError, StoreError, StoreUnavailable
+from app.store.storage import failure_level
 
 __all__ = [
     "REQUEST_ID_HEADER",
@@ -86,8 +91,9 @@ def logged(
 def failure_of(error: Exception, where: str, *, retry_after: int = 1) -> Failure:
     """`error` of the request `where`, a store's failure or one nothing expected, logged in
     full (see the module); the Failure its client is told of, `retry_after` seconds on a 503."""
-    if isinstance(error, StoreUnavailable):  # StoreBusy too
-        return Failure(503, UNAVAILABLE, logged(where, error), retry_after)
+    if isinstance(error, StoreUnavailable):  # StoreBusy and StorageFull too
+        request_id = logged(where, error, level=failure_level(error))
+        return Failure(503, UNAVAILABLE, request_id, retry_after)
     if isinstance(error, SchemaError):
         return Failure(409, SCHEMA, logged(where, error, level=logging.ERROR))
     if isinstance(error, StoreError):

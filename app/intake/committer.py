@@ -150,4 +150,6 @@ class GroupCommitter(Batcher[NewUpdate, bool]):
 
     @staticmethod
     def _fail(batch: list[tuple[NewUpdate, asyncio.Future[bool]]], error: BaseException) -> None:
-        Batcher._fail(batch, CommitFailed(f"{type(error).__name__}: {error}"))
+        failed = CommitFailed(f"{type(error).__name__}: {error}")
+        failed.__cause__ = error  # what the log line's level depends on (a full disk's is DEBUG)
+        Batcher._fail(batch, failed)

@@ -55,6 +55,7 @@ from app.metric_labels import UNKNOWN_BOT, IntakeResult
 from app.metrics import IntakeMeters, Metrics
 from app.privacy.subjects import subjects_of
 from app.store import NewUpdate
+from app.store.storage import failure_level
 from app.store.validate import MAX_BIGINT
 
 if TYPE_CHECKING:
@@ -262,7 +263,8 @@ class Intake:
     def _not_recorded(self, row: NewUpdate, error: CommitFailed) -> Answer:
         """503 + Retry-After: a request id for the client, the reason in the log under it (an
         id is drawn only here, never for an update recorded)."""
-        request_id = logged(f"POST /telegram/{row.bot}, update {row.update_id}", error)
+        where = f"POST /telegram/{row.bot}, update {row.update_id}"
+        request_id = logged(where, error, level=failure_level(error.__cause__))
         return _failed(Failure(503, NOT_RECORDED, request_id, self._settings.retry_after_seconds))
 
     async def _read_body(self, receive: Receive) -> bytes | Answer | None:

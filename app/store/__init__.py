@@ -15,7 +15,14 @@ from app.store.contract import (
     OperatorStore,
     UpdateStore,
 )
-from app.store.errors import SchemaError, StoreBusy, StoreError, StoreUnavailable
+from app.store.errors import (
+    SchemaError,
+    StorageFull,
+    StoreBusy,
+    StoreError,
+    StoreTimedOut,
+    StoreUnavailable,
+)
 from app.store.operator_types import (
     ActivitySlot,
     AttemptRecord,
@@ -82,8 +89,10 @@ __all__ = [
     "Settlement",
     "SqlUpdateStore",
     "State",
+    "StorageFull",
     "StoreBusy",
     "StoreError",
+    "StoreTimedOut",
     "StoreUnavailable",
     "StoredDelivery",
     "StoredUpdate",

@@ -244,3 +244,12 @@ class Backend(ABC):
     @abstractmethod
     async def announce(self) -> None:
         """Wake the listeners of other processes now."""
+
+    async def give_back_room(self) -> None:  # noqa: B027 - only SQLite keeps room to give back
+        """After a full disk: return to the volume what the database holds beyond its data
+        (SQLite's WAL), so that writes resume once the volume has room."""
+
+    @abstractmethod
+    async def probe_write(self) -> None:
+        """A small write of no consequence that needs new room on the database's volume: it
+        fails with the database's own full-disk error while there is none."""

@@ -4,11 +4,12 @@ every method runs its statements in (through the database's `Backend`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from sqlalchemy import Row, Table, Update, literal, select
@@ -20,7 +21,14 @@ from app.store import history, validate
 from app.store import outbox as outbox_statements
 from app.store.backend import Backend, History
 from app.store.codec import PLAIN, Codec, audit_at
-from app.store.errors import UPGRADE_HINT, SchemaError, translated_errors
+from app.store.errors import (
+    UPGRADE_HINT,
+    SchemaError,
+    StorageFull,
+    StoreError,
+    StoreUnavailable,
+    translated_errors,
+)
 from app.store.revision import _LEVELS, capability_of, read_revision
 from app.store.schema import (
     Revision,
@@ -38,6 +46,7 @@ from app.store.schema import (
     sessions_table_name,
 )
 from app.store.sealing import Sealing
+from app.store.storage import PROBE_SECONDS, Episode, StorageWatch
 from app.store.types import (
     DEFAULT_DESTINATION,
     Capability,
@@ -84,6 +93,9 @@ class SqlCore(Sealing):
         # Public, and what `transaction` opens: a real transaction on either backend.
         self.engine = self._backend.transactions
         self._backend.prepare(self.table, self.wake_channel, self._history(), self._outbox())
+        # Whether it can write (`app.store.storage`), and the probe that runs while it cannot.
+        self.storage = StorageWatch()
+        self._probe: asyncio.Task[None] | None = None
 
     def _connect(self, engine: AsyncEngine) -> Backend:
         """The database's backend for `engine`: chosen by the composed store
@@ -137,6 +149,9 @@ class SqlCore(Sealing):
         return self._backend.name
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         await self._backend.close()
         await self.engine.dispose()
 
@@ -211,12 +226,67 @@ class SqlCore(Sealing):
 
     # -- transactions --------------------------------------------------------------------------
 
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around every write: the driver's errors translated, and the storage watch told how
+        it went; a full disk begins an episode and the probe that ends it."""
+        try:
+            with translated_errors(self.table.name):
+                yield
+        except StorageFull as error:
+            if self.storage.failed(error) and (self._probe is None or self._probe.done()):
+                self._probe = asyncio.get_running_loop().create_task(self._probe_storage())
+            raise
+        except StoreUnavailable as error:
+            error.during_full_disk = self.storage.full
+            raise
+        self.storage.wrote()
+
+    async def _probe_storage(self) -> None:
+        """While an episode of a full disk lasts, and until its events are written: give back
+        what room the database can (SQLite's WAL), write its events, try a write of its own."""
+        while self.storage.full or self.storage.untold:
+            await asyncio.sleep(PROBE_SECONDS)
+            with contextlib.suppress(StoreError):
+                with translated_errors(self.table.name):  # no write of its own
+                    await self._backend.give_back_room()
+                for episode in list(self.storage.untold):
+                    await self._tell(episode)
+                if self.storage.full:
+                    with self._writing():
+                        await self._backend.probe_write()
+
+    async def _tell(self, episode: Episode) -> None:
+        """Write what is still unwritten of `episode`'s events (storage.full, and once it
+        ended storage.recovered), when this store records events."""
+        data: dict[str, Any] = {
+            "worker": self.worker,
+            "cause": episode.cause,
+            "began_at": episode.began_at,
+        }
+        made = []
+        if not episode.full_told:
+            made.append(outbox_statements.Made("storage.full", episode.began_at, data))
+        if episode.ended_at is not None:
+            data = data | {
+                "ended_at": episode.ended_at,
+                "full_ms": episode.ended_at - episode.began_at,
+            }
+            made.append(outbox_statements.Made("storage.recovered", episode.ended_at, data))
+        if self._outbox() is not None and made:
+            async with self.transaction() as connection:
+                await self._emit(connection, made)
+        episode.full_told = True
+        if episode.ended_at is not None:
+            episode.recovered_told = True
+            self.storage.told(episode)
+
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
         """One write. On SQLite a transaction (BEGIN IMMEDIATE); on PostgreSQL the connection
         autocommits, so each statement is its own transaction: a method that needs several
         statements to commit together must use `transaction()` instead."""
-        with translated_errors(self.table.name):
+        with self._writing():
             async with self._backend.write() as connection:
                 yield connection
 
@@ -252,9 +322,13 @@ class SqlCore(Sealing):
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
-        with translated_errors(self.table.name):
-            async with self._backend.read() as connection:
-                yield connection
+        try:
+            with translated_errors(self.table.name):
+                async with self._backend.read() as connection:
+                    yield connection
+        except StoreUnavailable as error:
+            error.during_full_disk = self.storage.full
+            raise
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
@@ -263,7 +337,7 @@ class SqlCore(Sealing):
         on SQLite it holds the write lock from its start. Call no other store method inside
         it: they would wait for this very transaction. Database errors raised inside it,
         the caller's own included, arrive as store errors."""
-        with translated_errors(self.table.name):
+        with self._writing():
             async with self._backend.transaction() as connection:
                 yield connection
 

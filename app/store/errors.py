@@ -8,9 +8,13 @@ turns them into these.
     │                          altered: never read as plaintext (docs/privacy.md)
     ├── MissingKeys            the ring lacks keys that stored values may be sealed under:
     │                          a process refuses to start rather than fail on each value
-    └── StoreUnavailable       the database cannot be reached or did not answer in time;
-        │                      the caller may retry (every write is idempotent or fenced)
-        └── StoreBusy          SQLite: another process held the write lock past the busy timeout
+    └── StoreUnavailable       the database cannot be reached or cannot write; the caller
+        │                      may retry (every write is idempotent or fenced)
+        ├── StorageFull        its disk is full (the data or the WAL): it cannot write until
+        │                      space is freed (`app.store.storage` watches the episode)
+        └── StoreTimedOut      it did not answer in time: a lock or statement timeout, no
+            │                  pooled connection free
+            └── StoreBusy      SQLite: another process held the write lock past the busy timeout
 
 Bad arguments are not store errors: they raise ValueError before any statement runs.
 """
@@ -52,15 +56,36 @@ class StoreUnavailable(StoreError):
     a write is safe (adds are idempotent, transitions fenced) but may answer differently: a
     claim whose answer was lost holds the row until its lease lapses, and a repeated
     acknowledgement that had succeeded answers False.
+
+    `during_full_disk`: raised while the store's episode of a full disk lasts (a server that
+    stopped for its full WAL refuses connections meanwhile): part of that episode, which its
+    own lines tell (`app.store.storage`).
     """
 
+    during_full_disk = False
 
-class StoreBusy(StoreUnavailable):
+
+class StorageFull(StoreUnavailable):
+    """The database could not write for want of space: SQLite's `SQLITE_FULL`, PostgreSQL's
+    `disk_full` (53100: "could not extend file", or its WAL's "No space left on device").
+    The message quotes the database's own words."""
+
+
+class StoreTimedOut(StoreUnavailable):
+    """The database did not answer in time: a wait ran out, on a lock, a statement or the
+    pool. Unlike a lost connection or a full disk, it says nothing of the next statement."""
+
+
+class StoreBusy(StoreTimedOut):
     """SQLite's write lock stayed taken past the busy timeout."""
 
 
 _SCHEMA_SQLSTATES = {"42P01", "42703", "42883"}  # undefined table, column, function
 _TIMEOUT_SQLSTATES = {"55P03", "57014"}  # lock_timeout, statement_timeout (query canceled)
+_FULL_SQLSTATES = {"53100"}  # disk_full
+# SQLite's SQLITE_FULL, and the operating system's words where a server quotes them (a
+# PostgreSQL PANIC on its WAL volume reaches the client with no SQLSTATE of its own).
+_FULL_MESSAGES = ("database or disk is full", "No space left on device")
 _SCHEMA_MESSAGES = ("no such table", "no such column", "has no column named")
 # What a transaction pooler does to a client that keeps session state: a prepared statement
 # met again on another client's server session (or missing on this one), the `options` of
@@ -81,7 +106,7 @@ def translated_errors(table: str) -> Iterator[None]:
     except exc.DBAPIError as error:
         raise _translate(error, table) from error
     except exc.TimeoutError as error:  # no pooled connection came free in time
-        raise StoreUnavailable(f"database unavailable: {error}") from error
+        raise StoreTimedOut(f"database unavailable: {error}") from error
     except (ConnectionError, TimeoutError) as error:
         raise StoreUnavailable(f"database unavailable: {error}") from error
 
@@ -94,8 +119,10 @@ def _translate(error: exc.DBAPIError, table: str) -> StoreError:
         message = f"{message}; {POOLER_HINT}"
     if sqlstate in _SCHEMA_SQLSTATES or any(m in message for m in _SCHEMA_MESSAGES):
         return SchemaError(f"table {table!r} is not as expected ({message}); {UPGRADE_HINT}")
+    if sqlstate in _FULL_SQLSTATES or any(m in message for m in _FULL_MESSAGES):
+        return StorageFull(f"database storage is full: {message}")
     if sqlstate in _TIMEOUT_SQLSTATES:
-        return StoreUnavailable(f"database did not answer in time: {message}")
+        return StoreTimedOut(f"database did not answer in time: {message}")
     if "database is locked" in message:
         return StoreBusy(f"SQLite write lock still taken after {BUSY_TIMEOUT_MS} ms: {message}")
     if error.connection_invalidated or isinstance(error, exc.OperationalError | exc.InterfaceError):

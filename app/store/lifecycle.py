@@ -1,5 +1,5 @@
 """What every store offers whatever its level: its capability, its connections, the database's
-clock and the wake-ups across processes."""
+clock, the wake-ups across processes and whether it can write."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
+from app.store.storage import StorageWatch
 from app.store.types import (
     Capability,
 )
@@ -18,6 +19,11 @@ class Lifecycle(Protocol):
     @property
     def capability(self) -> Capability:
         """ "base", "fenced" or "durable": the highest level the live schema serves."""
+        ...
+
+    @property
+    def storage(self) -> StorageWatch:
+        """Whether its database can write: an episode of a full disk while it cannot."""
         ...
 
     async def close(self) -> None:

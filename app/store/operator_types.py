@@ -180,6 +180,8 @@ EventType = Literal[
     "redrive.finished",
     "telegram.webhook_error",
     "erasure.completed",
+    "storage.full",
+    "storage.recovered",
 ]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 

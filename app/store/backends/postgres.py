@@ -50,6 +50,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     select,
+    text,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import OID
@@ -65,6 +66,8 @@ from app.store.backends.postgres_listener import listen_forever
 from app.store.backends.postgres_statements import (
     IDENTITY_COLUMNS,
     PG_CLASS,
+    PROBE_MEMORY,
+    PROBE_SORT,
     RENEW_COLUMNS,
     STAT_USER_TABLES,
     add,
@@ -367,6 +370,13 @@ class PostgresBackend(Backend):
     async def announce(self) -> None:
         async with self.write() as connection:
             await connection.execute(announce(self._channel))
+
+    async def probe_write(self) -> None:
+        """A sort spilled to a temporary file in the data directory: "could not write to file"
+        (disk_full) while it has no room. A full WAL volume stops the server itself."""
+        async with self.transaction() as connection:
+            await connection.execute(text(PROBE_MEMORY))
+            await connection.execute(text(PROBE_SORT))
 
     async def listen(
         self,

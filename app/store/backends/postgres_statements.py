@@ -216,6 +216,12 @@ def database_time() -> Select[Any]:
     return select(cast(func.floor(epoch * 1000), BigInteger))
 
 
+# A write of no consequence that needs room in the data directory: a sort bigger than its
+# memory (SET LOCAL: this transaction's), spilled to a temporary file there (base/pgsql_tmp).
+PROBE_MEMORY = "SET LOCAL work_mem = '64kB'"
+PROBE_SORT = "SELECT count(DISTINCT n) FROM generate_series(1, 20000) AS n"
+
+
 def announce(channel: str) -> Select[Any]:
     """Wake the listeners of `channel` (at this statement's commit)."""
     return select(func.pg_notify(channel, ""))

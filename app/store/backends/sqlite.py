@@ -30,6 +30,7 @@ from sqlalchemy import (
     Update,
     bindparam,
     delete,
+    text,
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -330,3 +331,21 @@ class SqliteBackend(Backend):
 
     async def announce(self) -> None:
         return
+
+    async def give_back_room(self) -> None:
+        """Checkpoint the WAL into the file and truncate it to nothing (the writer does it as
+        a full disk begins too, and keeps the WAL small from then on: `sqlite_writer`). It
+        fails, with SQLite's full-disk error, while the file cannot grow."""
+
+        async with self.write_lock:
+            await self._writer.make_room()
+
+    async def probe_write(self) -> None:
+        """Rewrite the file's header (its user_version, unchanged, which nothing reads): a page
+        the WAL must take."""
+
+        def work(transaction: Transaction) -> None:
+            [row] = transaction.execute(text("PRAGMA user_version"))
+            transaction.execute(text(f"PRAGMA user_version = {int(row[0])}"))
+
+        await self._write_whole(work)

@@ -16,6 +16,12 @@ every other method goes through the engine. Both are writers of the same file: t
 queues them on one lock (`SqliteBackend.write_lock`), other processes on SQLite's own, within
 its busy timeout. The writer's connection is set up as the engine's are
 (`app.store.backends.sqlite_engine`).
+
+A full disk (`SQLITE_FULL`) is met here first: the writer then makes the WAL give its room back
+(`make_room`) and keeps it a quarter of the size it had reached from then on, for the life of
+the process. SQLite checkpoints its WAL only once it reaches 1,000 pages (4 MiB): on a volume
+with less room than that, the WAL took back whatever was freed, filled the volume again and
+never reached its checkpoint, and writes failed for good.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import sqlite3
 import sys
 from collections import namedtuple
@@ -44,6 +51,10 @@ DIALECT = sqlite_dialect.dialect(paramstyle="qmark")
 # on; behind a busy event loop each such wait took the whole interval, which held the commit,
 # and every request of its batch, for milliseconds of doing nothing.
 SWITCH_INTERVAL = 0.0001
+# How long a checkpoint that gives room back waits for readers: not the busy timeout's seconds
+# with every writer of the process queued behind it.
+CHECKPOINT_BUSY_MS = 100
+WAL_FRAME_HEADER = 24  # bytes before each page in the WAL
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,7 @@ class Writer:
         self._open = connect
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
         self._connection: sqlite3.Connection | None = None
+        self._wal_limit: int | None = None  # pages: set once a full disk showed the room
 
     async def run(self, work: Callable[[Transaction], Result]) -> Result:
         """Run `work` in one write transaction, committed when it returns and rolled back when
@@ -133,9 +145,6 @@ class Writer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._thread, self._each, work)
 
-    def _each(self, work: Callable[[Transaction], Result]) -> Result:
-        return work(Transaction(self._connect()))
-
     def _transaction(self, work: Callable[[Transaction], Result]) -> Result:
         connection = self._connect()
         with _as_sqlalchemy("BEGIN IMMEDIATE", []):
@@ -146,13 +155,49 @@ class Writer:
             # statements' errors are, so that the store translates and callers retry it.
             with _as_sqlalchemy("COMMIT", []):
                 connection.execute("COMMIT")
-        except BaseException:
+        except BaseException as error:
             if connection.in_transaction:
                 # The first error tells what happened; one from the ROLLBACK would hide it.
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
+            if _full(error):
+                self._make_room(connection)
             raise
         return result
+
+    def _each(self, work: Callable[[Transaction], Result]) -> Result:
+        connection = self._connect()
+        try:
+            return work(Transaction(connection))
+        except BaseException as error:
+            if _full(error):
+                self._make_room(connection)
+            raise
+
+    async def make_room(self) -> None:
+        """Checkpoint the WAL into the file and truncate it: its room goes back to the volume.
+        Raised as the statements' errors are (SQLITE_FULL while the file cannot grow)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._checkpoint, self._connect())
+
+    def _make_room(self, connection: sqlite3.Connection) -> None:
+        """After SQLITE_FULL: keep the WAL to a quarter of what it had reached (the room the
+        volume had for it), and give back what it can now."""
+        with contextlib.suppress(sqlite3.Error, exc.DBAPIError, OSError):
+            if self._wal_limit is None:
+                self._wal_limit = max(16, _wal_pages(connection) // 4)
+                connection.execute(f"PRAGMA wal_autocheckpoint = {self._wal_limit}")
+            self._checkpoint(connection)
+
+    @staticmethod
+    def _checkpoint(connection: sqlite3.Connection) -> None:
+        [(timeout,)] = connection.execute("PRAGMA busy_timeout").fetchall()
+        connection.execute(f"PRAGMA busy_timeout = {CHECKPOINT_BUSY_MS}")
+        try:
+            with _as_sqlalchemy("PRAGMA wal_checkpoint(TRUNCATE)", []):
+                connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            connection.execute(f"PRAGMA busy_timeout = {int(timeout)}")
 
     def _connect(self) -> sqlite3.Connection:
         if self._connection is None:
@@ -174,6 +219,20 @@ class Writer:
 def _row_type(names: tuple[str, ...]) -> type:
     """A row type for these column names (the statements are few, so their shapes are)."""
     return namedtuple("Row", names, rename=True)
+
+
+def _wal_pages(connection: sqlite3.Connection) -> int:
+    """The pages the WAL file holds now, by its size (a checkpoint that would count them may
+    fail on the full disk)."""
+    [path] = [row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"]
+    [(page_size,)] = connection.execute("PRAGMA page_size").fetchall()
+    return os.path.getsize(f"{path}-wal") // (int(page_size) + WAL_FRAME_HEADER)
+
+
+def _full(error: BaseException) -> bool:
+    """Whether `error` (as `_as_sqlalchemy` raises it) is SQLite's SQLITE_FULL."""
+    original = getattr(error, "orig", error)
+    return getattr(original, "sqlite_errorname", None) == "SQLITE_FULL"
 
 
 @contextmanager

@@ -110,7 +110,7 @@ class ClaimMethods(SqlCore):
             max_attempts=validate.attempts("max_attempts", max_attempts),
             durable_exhaustion=durable_exhaustion,
         )
-        with translated_errors(self.table.name):
+        with self._writing():
             rows = await self._backend.claim_recorded(statement, now, durable=durable)
         if not rows or rows[0].state != "processing":
             return None
@@ -146,7 +146,7 @@ class ClaimMethods(SqlCore):
             "limit": validate.positive("limit", limit),
             "window": window,
         }
-        with translated_errors(self.table.name):
+        with self._writing():
             rows = await self._backend.claim_next_owned(
                 table,
                 numbers,

@@ -10,7 +10,6 @@ from sqlalchemy import Table
 from app.store import validate
 from app.store.checks import check_lease
 from app.store.core import SqlCore
-from app.store.errors import translated_errors
 from app.store.polling import statements as polling
 from app.store.types import NewUpdate
 
@@ -51,7 +50,7 @@ class PollingMethods(SqlCore):
                 raise ValueError(f"row {row!r} is not a NewUpdate of bot {bot!r}")
         statement = polling.advance(table, bot=bot, holder=holder, now=now, offset=offset)
         stored, deliveries = self._recordable(rows)
-        with translated_errors(self.table.name):
+        with self._writing():
             added = await self._backend.add_many(stored, deliveries, guard=statement)
         return None if added is None else {(row.bot, row.update_id) for row in added}
 

@@ -10,7 +10,6 @@ from sqlalchemy import Table
 
 from app.store import validate
 from app.store.core import SqlCore
-from app.store.errors import translated_errors
 from app.store.events import statements as events
 from app.store.records import statements as records
 from app.store.types import (
@@ -42,7 +41,7 @@ class RecordMethods(SqlCore):
         if not rows:
             return set()
         stored, deliveries = self._recordable(rows)
-        with translated_errors(self.table.name):
+        with self._writing():
             added = await self._backend.add_many(stored, deliveries)
         assert added is not None  # no guard
         return {(row.bot, row.update_id) for row in added}

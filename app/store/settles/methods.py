@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from app.store import history, validate
 from app.store.checks import by_destination, check_identity, check_settlement
 from app.store.core import SqlCore
-from app.store.errors import translated_errors
 from app.store.settles import statements as settles
 from app.store.types import (
     ClaimIdentity,
@@ -67,7 +66,7 @@ class SettleMethods(SqlCore):
         settled: dict[tuple[str, str, int], bool | None] = {}
         for destination, group in by_destination(checked, lambda item: item[0]).items():
             table = self._delivery_table(destination)
-            with translated_errors(self.table.name):
+            with self._writing():
                 found = await self._backend.settle_many_owned(table, group)
             settled.update(((bot, destination, n), says) for (bot, n), says in found.items())
             if waiting is not None:
