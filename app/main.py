@@ -89,6 +89,7 @@ def create_app(
             stack.callback(setattr, app, "webhook", None)
             metrics.database.watch(store, clock.now)
             metrics.storage(store.storage)
+            store.storage.use_clock(clock.now)
             stack.push_async_callback(metrics.database.unwatch)
 
             async def wake() -> None:

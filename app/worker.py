@@ -102,6 +102,7 @@ async def _serving(
         return
     metrics.database.watch(store, dispatcher.clock.now)
     metrics.storage(store.storage)
+    store.storage.use_clock(dispatcher.clock.now)
     app = health_app(settings, store, dispatcher, metrics)
     limits = ConnectionLimits.of(settings, metrics.connection_closed)
     server = _Server(

@@ -162,6 +162,11 @@ class BulkRequest(Message):
     def _one_selection(self) -> BulkRequest:
         if (self.filter is None) == (self.identities is None):
             raise ValueError("give exactly one of filter and identities")
+        destinations = sorted({identity.destination for identity in self.identities or ()})
+        if len(destinations) > 1:  # each destination's deliveries are a table of their own
+            raise ValueError(
+                f"identities of destinations {destinations}: one action per destination"
+            )
         if self.filter is not None and self.filter.empty() and not (self.all or self.dry_run):
             raise ValueError(
                 "filter is empty: name what to act on, or pass all: true to act on every one"

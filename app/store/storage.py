@@ -36,8 +36,8 @@ PROBE_SECONDS = 0.5  # how often a store in an episode tries a write of its own
 
 @dataclass(slots=True)
 class Episode:
-    """One stretch of a full disk as this process saw it: when (epoch ms, the host's clock:
-    the database may not answer meanwhile) and the database's words for it."""
+    """One stretch of a full disk as this process saw it: when (epoch ms by the watch's clock,
+    the database's as the process last measured it) and the database's words for it."""
 
     began_at: int
     cause: str
@@ -47,22 +47,28 @@ class Episode:
 
 
 class StorageWatch:
-    """One store's episodes of a full disk (see the module). `monotonic` and `wall` are its
-    clocks (seconds); tests pass fakes."""
+    """One store's episodes of a full disk (see the module). `monotonic` (seconds) times the
+    quiet period; `now` (epoch ms) dates the episodes: the host's clock until `use_clock` gives
+    the database's (`DatabaseClock.now`, which reads no database: it may not answer). Tests
+    pass fakes."""
 
     def __init__(
         self,
         *,
         monotonic: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        now: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self._monotonic = monotonic
-        self._wall = wall
+        self._now = now
         self.episode: Episode | None = None  # the open one
         self.untold: list[Episode] = []  # ended or open, whose events are still to write
         self._last_failure = 0.0
         self._writing_since: int | None = None  # the first write since the last failure: epoch ms
         self.episodes = 0  # begun so far
+
+    def use_clock(self, now: Callable[[], int]) -> None:
+        """Date episodes by `now` (epoch ms), as the process's other times are."""
+        self._now = now
 
     @property
     def full(self) -> bool:
@@ -74,7 +80,7 @@ class StorageWatch:
         self._writing_since = None
         if self.episode is not None:
             return False
-        self.episode = Episode(int(self._wall() * 1000), str(error))
+        self.episode = Episode(self._now(), str(error))
         self.untold.append(self.episode)
         self.episodes += 1
         log.error("%s: writes fail until space is freed (an episode of a full disk)", error)
@@ -87,7 +93,7 @@ class StorageWatch:
         if episode is None:
             return
         if self._writing_since is None:
-            self._writing_since = int(self._wall() * 1000)
+            self._writing_since = self._now()
         if self._monotonic() - self._last_failure < QUIET_SECONDS:
             return
         episode.ended_at = self._writing_since

@@ -66,22 +66,17 @@ from app.store.backends.postgres_listener import listen_forever
 from app.store.backends.postgres_statements import (
     IDENTITY_COLUMNS,
     PG_CLASS,
-    PROBE_MEMORY,
-    PROBE_SORT,
+    PROBE,
     RENEW_COLUMNS,
     STAT_USER_TABLES,
     add,
     add_arrays,
     announce,
     arrays,
-    busy_owned,
     database_time,
-    owned_leases,
-    renewed_leases,
-    settle_many_owned,
+    fenced,
     settle_many_parameters,
 )
-from app.store.claims import statements as claims
 from app.store.history import started as started_in
 from app.store.schema import beside_deliveries, deliveries_table_name
 from app.store.types import (
@@ -123,11 +118,12 @@ class PostgresBackend(Backend):
         if deliveries is not None:  # revision 0010: rows with deliveries beside them
             statements["add_routed"] = add(table, channel, deliveries)
         if "uncounted" in table.c:  # the fenced methods' revision
-            statements.update(_fenced(table, history))
+            statements.update(fenced(table, None if history is None else history.attempts))
         self._compiled = {name: driver_sql(self.engine, s) for name, s in statements.items()}
         self._beside = {}
         if deliveries is not None:
-            beside = _fenced(deliveries, self.history_of(deliveries))
+            kept = self.history_of(deliveries)
+            beside = fenced(deliveries, None if kept is None else kept.attempts)
             self._beside = {name: driver_sql(self.engine, s) for name, s in beside.items()}
 
     def _statement(self, name: str, table: Table) -> Compiled:
@@ -372,11 +368,10 @@ class PostgresBackend(Backend):
             await connection.execute(announce(self._channel))
 
     async def probe_write(self) -> None:
-        """A sort spilled to a temporary file in the data directory: "could not write to file"
-        (disk_full) while it has no room. A full WAL volume stops the server itself."""
+        """A sort spilled to a file in the data directory (`postgres_statements.PROBE`)."""
         async with self.transaction() as connection:
-            await connection.execute(text(PROBE_MEMORY))
-            await connection.execute(text(PROBE_SORT))
+            for statement in PROBE:
+                await connection.execute(text(statement))
 
     async def listen(
         self,
@@ -388,18 +383,3 @@ class PostgresBackend(Backend):
         await listen_forever(
             self.engine, self._channel, wake, listening=listening, max_pause=max_pause
         )
-
-
-def _fenced(table: Table, history: History | None) -> dict[str, ClauseElement]:
-    """The fenced methods' statements compiled once for `table` (the update's or the
-    deliveries'): the batch settle (ending each attempt in `history`), its busy check, the
-    batch reads and renewals of leases, and `owns`."""
-    return {
-        "settle_many_owned": settle_many_owned(
-            table, None if history is None else history.attempts
-        ),
-        "busy_owned": busy_owned(table),
-        "owned_leases": owned_leases(table),
-        "renewed_leases": renewed_leases(table),
-        "owns": claims.owns(table, identity=None, at=bindparam("at", type_=BigInteger), lock=False),
-    }

@@ -26,8 +26,10 @@ from sqlalchemy import (
 from sqlalchemy import table as catalog_view
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY, OID
+from sqlalchemy.sql.elements import ClauseElement
 
 from app.store import history
+from app.store.claims import statements as claims
 from app.store.predicates import key_is, live
 from app.store.records import statements as records
 from app.store.schema import beside_deliveries
@@ -217,11 +219,28 @@ def database_time() -> Select[Any]:
 
 
 # A write of no consequence that needs room in the data directory: a sort bigger than its
-# memory (SET LOCAL: this transaction's), spilled to a temporary file there (base/pgsql_tmp).
-PROBE_MEMORY = "SET LOCAL work_mem = '64kB'"
-PROBE_SORT = "SELECT count(DISTINCT n) FROM generate_series(1, 20000) AS n"
+# memory (SET LOCAL: this transaction's), spilled to a temporary file there (base/pgsql_tmp),
+# which fails with "could not write to file" (disk_full) while there is none. A full WAL
+# volume stops the server itself.
+PROBE = (
+    "SET LOCAL work_mem = '64kB'",
+    "SELECT count(DISTINCT n) FROM generate_series(1, 20000) AS n",
+)
 
 
 def announce(channel: str) -> Select[Any]:
     """Wake the listeners of `channel` (at this statement's commit)."""
     return select(func.pg_notify(channel, ""))
+
+
+def fenced(table: Table, attempts: Table | None) -> dict[str, ClauseElement]:
+    """The fenced methods' statements compiled once for `table` (the update's or the
+    deliveries'): the batch settle (ending each attempt in `attempts`, its history), its busy
+    check, the batch reads and renewals of leases, and `owns`."""
+    return {
+        "settle_many_owned": settle_many_owned(table, attempts),
+        "busy_owned": busy_owned(table),
+        "owned_leases": owned_leases(table),
+        "renewed_leases": renewed_leases(table),
+        "owns": claims.owns(table, identity=None, at=bindparam("at", type_=BigInteger), lock=False),
+    }
