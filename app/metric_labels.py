@@ -18,6 +18,7 @@ __all__ = [
     "AttemptOutcome",
     "CloseReason",
     "DeliveryResult",
+    "ForwardAnswer",
     "IntakeResult",
     "LostReason",
     "PollResult",
@@ -51,8 +52,10 @@ AttemptOutcome = Literal[
     "expired",  # past its update type's deadline: ended as terminal is
     "lost",  # owner lost: the claim was taken or lapsed; nothing written
     "handed_back",  # the worker stopped mid-request: made due again at once
-    "unsettled",  # the database failed the settle: redelivered once the lease lapses
+    "unsettled",  # the database timed the settle out past the lease: redelivered then
 ]
+# What a forward got back (`app.policy.Outcome.answer`): its status's class, or why none came.
+ForwardAnswer = Literal["2xx", "3xx", "4xx", "5xx", "timeout", "connection_error", "other"]
 RenewalResult = Literal["renewed", "refused", "failed"]
 LostReason = Literal["renewal_refused", "lease_ran_out", "settle_refused", "exhaust_refused"]
 DeliveryResult = Literal["delivered", "failed"]

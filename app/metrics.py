@@ -21,6 +21,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -34,6 +35,7 @@ from app.metric_labels import (
     AttemptOutcome,
     CloseReason,
     DeliveryResult,
+    ForwardAnswer,
     IntakeResult,
     LostReason,
     PollResult,
@@ -59,6 +61,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # a forward waits for the bot's own handler (forward_timeout_seconds, default 30).
 WEBHOOK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 FORWARD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Receipt to delivery: milliseconds when all is well, minutes to hours through retries.
+DELIVERY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 Key = TypeVar("Key", bound=str)
 
@@ -107,6 +111,8 @@ class AttemptMeters:
 
     attempts: Mapping[AttemptOutcome, Counter]
     forward_duration: Histogram
+    answers: Mapping[ForwardAnswer, Counter]
+    delivery: Histogram  # receipt to the 2xx that completed it
     in_flight: Gauge
     renewals: Mapping[RenewalResult, Counter]
     owner_lost: Mapping[LostReason, Counter]
@@ -124,6 +130,8 @@ class Metrics:
         stats_timeout_seconds: float = 5.0,
     ) -> None:
         self.registry = registry = CollectorRegistry()
+        # The process's own: CPU, memory, open files (Linux; nothing elsewhere).
+        ProcessCollector(registry=registry)
         self.bots = tuple(bots)
         self._requests = Counter(
             PREFIX + "webhook_requests",
@@ -158,6 +166,21 @@ class Metrics:
             ["bot", "destination"],
             registry=registry,
             buckets=FORWARD_BUCKETS,
+        )
+        self._answers = Counter(
+            PREFIX + "forward_answers",
+            "Downstream requests by what came back: the status's class (2xx, 3xx, 4xx, 5xx), a"
+            " timeout or a connection error.",
+            ["bot", "destination", "answer"],
+            registry=registry,
+        )
+        self._delivery = Histogram(
+            PREFIX + "delivery_seconds",
+            "From an update's receipt to the 2xx that completed its delivery, by the"
+            " database's clock (retries and backoff included).",
+            ["bot", "destination"],
+            registry=registry,
+            buckets=DELIVERY_BUCKETS,
         )
         self._in_flight = Gauge(
             PREFIX + "attempts_in_flight",
@@ -304,6 +327,8 @@ class Metrics:
         return AttemptMeters(
             attempts=_bound(self._attempts, labels, get_args(AttemptOutcome)),
             forward_duration=self._forward_duration.labels(*labels),
+            answers=_bound(self._answers, labels, get_args(ForwardAnswer)),
+            delivery=self._delivery.labels(*labels),
             in_flight=self._in_flight.labels(*labels),
             renewals=_bound(self._renewals, labels, get_args(RenewalResult)),
             owner_lost=_bound(self._owner_lost, labels, get_args(LostReason)),

@@ -17,10 +17,12 @@ from typing import Literal
 import httpx
 
 from app.destinations.settings import DeliveryOptions
+from app.metric_labels import ForwardAnswer
 
 Kind = Literal["completed", "deferred", "retry", "terminal"]
 RETRYABLE_4XX = frozenset({408, 425, 429})
 MAX_ERROR_CHARS = 500
+FORWARD_ANSWERS: tuple[ForwardAnswer, ...] = ("2xx", "3xx", "4xx", "5xx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,14 @@ class Outcome:
     error: str | None = None
     retry_after: float | None = None  # seconds the downstream asked us to wait
     status: int | None = None  # the downstream's HTTP status; None when none came
+    no_answer: Literal["timeout", "connection_error"] | None = None  # why none came
+
+    @property
+    def answer(self) -> ForwardAnswer:
+        """What came back, as the metrics count it: the status's class, or why none came."""
+        if self.status is not None and 200 <= self.status < 600:
+            return FORWARD_ANSWERS[self.status // 100 - 2]
+        return self.no_answer or "other"
 
     @property
     def taken(self) -> bool:
@@ -82,8 +92,10 @@ def classify_answer(
 
 def classify_error(error: httpx.HTTPError) -> Outcome:
     """A request that got no response: always worth another attempt."""
-    kind = "timeout" if isinstance(error, httpx.TimeoutException) else "connection error"
-    return Outcome("retry", f"{kind}: {type(error).__name__}: {error}"[:MAX_ERROR_CHARS])
+    timeout = isinstance(error, httpx.TimeoutException)
+    kind = "timeout" if timeout else "connection error"
+    message = f"{kind}: {type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+    return Outcome("retry", message, no_answer="timeout" if timeout else "connection_error")
 
 
 def _detail(content: bytes) -> str:

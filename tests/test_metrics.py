@@ -234,6 +234,14 @@ async def test_attempts_are_counted_by_bot_and_outcome(
     for outcome in ("deferred", "spent", "expired", "lost", "handed_back", "unsettled"):
         assert scrape("attempts_total", bot="shop", destination="default", outcome=outcome) == 0
     assert scrape("forward_duration_seconds_count", bot="shop", destination="default") == 4
+    answered = {
+        answer: scrape("forward_answers_total", bot="shop", destination="default", answer=answer)
+        for answer in ("2xx", "4xx", "5xx", "timeout", "connection_error")
+    }
+    assert answered == {"2xx": 2, "4xx": 1, "5xx": 1, "timeout": 0, "connection_error": 0}
+    # Receipt to delivery: observed for the two delivered, within the test's few seconds.
+    assert scrape("delivery_seconds_count", bot="shop", destination="default") == 2
+    assert 0 <= scrape("delivery_seconds_sum", bot="shop", destination="default") < 30
     assert scrape("forward_duration_seconds_count", bot="news", destination="default") == 1
     assert scrape("attempts_in_flight", bot="shop", destination="default") == 0
     assert (

@@ -11,7 +11,14 @@ import pytest
 from pydantic import SecretStr
 
 from app.bot_settings import BotSettings
-from app.policy import Outcome, classify, classify_error, retry_after, retry_delay_ms
+from app.policy import (
+    Outcome,
+    classify,
+    classify_answer,
+    classify_error,
+    retry_after,
+    retry_delay_ms,
+)
 
 BOT = BotSettings(name="shop", secret_token=SecretStr("s"))
 
@@ -120,3 +127,13 @@ def test_retry_after_wins_over_backoff_within_its_cap() -> None:
     bot = BOT.model_copy(update={"retry_after_cap_seconds": 30})
     assert retry_delay_ms(bot, 1, Outcome("retry", "429", retry_after=5)) == 5_000
     assert retry_delay_ms(bot, 1, Outcome("retry", "429", retry_after=3_600)) == 30_000
+
+
+def test_each_outcome_says_what_came_back_as_the_metrics_count_it() -> None:
+    assert classify_answer(200, None, b"").answer == "2xx"
+    assert classify_answer(302, None, b"").answer == "3xx"
+    assert classify_answer(404, None, b"").answer == "4xx"
+    assert classify_answer(503, None, b"").answer == "5xx"
+    assert classify_answer(999, None, b"").answer == "other"
+    assert classify_error(httpx.ReadTimeout("slow")).answer == "timeout"
+    assert classify_error(httpx.ConnectError("refused")).answer == "connection_error"

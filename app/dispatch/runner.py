@@ -210,6 +210,7 @@ class AttemptRunner:
                 raise
             took = time.perf_counter() - started
             lane.meters.forward_duration.observe(took)
+            lane.meters.answers[outcome.answer].inc()
             if log.isEnabledFor(logging.DEBUG):
                 AttemptLog.of(log, attempt.identity).debug(
                     "forwarded: %s in %.1f ms", outcome.kind, took * 1000
@@ -266,7 +267,9 @@ class AttemptRunner:
         bot = attempt.lane.options
         if outcome.kind == "completed":
             attempt.outcome = "completed"
-            await self._settle(attempt, Completed(now, outcome.status))
+            if await self._settle(attempt, Completed(now, outcome.status)):
+                since = max(0, now - attempt.claimed.received_at)
+                attempt.lane.meters.delivery.observe(since / 1000)
         elif outcome.kind == "deferred":
             attempt.outcome = "deferred"
             AttemptLog.of(log, attempt.identity).debug("deferred, the downstream settles it")
