@@ -24,6 +24,7 @@ from app.intake.committer import GroupCommitter
 from app.intake.route import Intake
 from app.intake.route import router as intake_router
 from app.metrics import Metrics
+from app.samples import flush_forever
 from app.store import open_store_waiting
 
 
@@ -69,6 +70,12 @@ def create_app(
                 resync = asyncio.create_task(clock.run())
                 stack.callback(resync.cancel)
                 metrics.clock_offset(clock.host_offset_seconds)  # the dispatcher's does it too
+                # The intake's counts for the console's charts (the dispatcher's flush does it
+                # where workers run): flushed once more as it stops, before the store closes.
+                samples = asyncio.create_task(
+                    flush_forever(store, metrics.tally, clock.now, backlog=False)
+                )
+                stack.push_async_callback(_stopped, samples)
 
             committer = GroupCommitter(
                 store,
@@ -134,3 +141,9 @@ def create_app(
         app.mount(path, mounted)
 
     return app
+
+
+async def _stopped(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait for it to end (what it does as it ends included)."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

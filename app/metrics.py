@@ -43,6 +43,7 @@ from app.metric_labels import (
     RenewalResult,
     WebhookCheck,
 )
+from app.samples import Tally
 from app.store import EventType
 from app.store.storage import StorageWatch
 from app.store.types import DEFAULT_DESTINATION
@@ -130,6 +131,8 @@ class Metrics:
         stats_timeout_seconds: float = 5.0,
     ) -> None:
         self.registry = registry = CollectorRegistry()
+        # What the console's charts are drawn from (`app.samples`): counted beside the metrics.
+        self.tally = Tally()
         # The process's own: CPU, memory, open files (Linux; nothing elsewhere).
         ProcessCollector(registry=registry)
         self.bots = tuple(bots)

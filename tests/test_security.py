@@ -48,6 +48,11 @@ REVIEWED = {
     "store was opened (validate.table_name) and quoted by the dialect's identifier preparer",
     ("app/store/backends/postgres.py", "vacuum"): "the store's table name, validated when the "
     "store was opened (validate.table_name) and quoted by the dialect's identifier preparer",
+    ("app/store/backends/sqlite.py", "rewrite_header"): "the user_version SQLite gave, as an int",
+    ("app/store/backends/sqlite_writer.py", "_checkpoint"): "busy timeouts: a constant, and "
+    "the one SQLite gave, as an int",
+    ("app/store/backends/sqlite_writer.py", "_make_room"): "a page count computed from the WAL "
+    "file's size, an int",
 }
 
 

@@ -43,6 +43,7 @@ from app.dispatch.runner import AttemptRunner
 from app.dispatch.settler import Settler
 from app.intake.polling import Poller
 from app.metrics import Metrics
+from app.samples import flush_forever
 from app.store import OperatorStore, StoreError
 from app.store.storage import failure_level
 
@@ -132,6 +133,7 @@ class Dispatcher:
             retries=self._retries,
             arrivals=lambda: self._arrivals,
             exhaustions=self._exhaustions,
+            tally=metrics.tally,
             jitter=jitter,
         )
         self._claims = ClaimLoop(
@@ -205,6 +207,10 @@ class Dispatcher:
             "retention": retention_forever(self._store, self._clock, self._bots),
             "re-encryption": reencryption_forever(
                 self._store, interval=settings.prune_interval_seconds
+            ),
+            # The console's charts: this process's counts, and the backlog once a minute.
+            "samples": flush_forever(
+                self._store, self._metrics.tally, self._clock.now, backlog=True
             ),
         }
         if self._exhaustions is not None:

@@ -211,15 +211,21 @@ def pause_for(seconds: float) -> Callable[[float], Awaitable[None]]:
     return wait
 
 
+SAMPLES_KEPT_MS = 8 * 86_400_000  # the console's week, and a day beside it
+
+
 async def prune_forever(
     store: OperatorStore, clock: DatabaseClock, *, retention_ms: int, interval: float
 ) -> None:
-    """Delete completed and acknowledged rows settled more than `retention_ms` ago."""
+    """Delete completed and acknowledged rows settled more than `retention_ms` ago, and the
+    console's samples older than SAMPLES_KEPT_MS (a table below revision 0011 has none)."""
 
     async def prune() -> None:
         deleted = await store.prune(clock.now() - retention_ms)
         if deleted:
             log.info("pruned %d settled rows", deleted)
+        if store.capability == "durable":
+            await store.prune_samples(clock.now() - SAMPLES_KEPT_MS)
 
     await repeat_forever("prune", prune, pause_for(interval))
 

@@ -46,6 +46,7 @@ from app.dispatch.settler import Settler
 from app.logs import AttemptLog
 from app.metric_labels import AttemptOutcome, LostReason
 from app.policy import Outcome, retry_delay_ms
+from app.samples import ANSWER_COUNTS, Tally
 from app.store import (
     Abandoned,
     Completed,
@@ -98,6 +99,7 @@ class AttemptRunner:
         retries: Alarm,
         arrivals: Callable[[], int],
         exhaustions: ExhaustionDelivery | None,
+        tally: Tally,
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self._store = store
@@ -107,6 +109,7 @@ class AttemptRunner:
         self._arrivals = arrivals
         self._exhaustions = exhaustions
         self._jitter = jitter
+        self._tally = tally  # what the console's charts count (`app.samples`)
         self._tracer = tracing.tracer()
         self.owner_lost = 0  # attempts that found their claim taken or lapsed
         self.stalled = 0  # attempts whose settle waits for a database that cannot write
@@ -211,6 +214,7 @@ class AttemptRunner:
             took = time.perf_counter() - started
             lane.meters.forward_duration.observe(took)
             lane.meters.answers[outcome.answer].inc()
+            self._count(attempt, ANSWER_COUNTS[outcome.answer])
             if log.isEnabledFor(logging.DEBUG):
                 AttemptLog.of(log, attempt.identity).debug(
                     "forwarded: %s in %.1f ms", outcome.kind, took * 1000
@@ -236,6 +240,11 @@ class AttemptRunner:
                 "could not settle (%s); redelivered once its lease lapses",
                 error,
             )
+
+    def _count(self, attempt: Attempt, name: str) -> None:
+        """One more `name` in the charts' samples, for its lane, now."""
+        lane = attempt.lane
+        self._tally.count(lane.name, lane.destination, self._clock.now(), name)
 
     def hand_back(self, attempt: Attempt, error: StoreError) -> None:
         """Its lease is running out while the database cannot write (`error`, its renewals'):
@@ -270,6 +279,8 @@ class AttemptRunner:
             if await self._settle(attempt, Completed(now, outcome.status)):
                 since = max(0, now - attempt.claimed.received_at)
                 attempt.lane.meters.delivery.observe(since / 1000)
+                lane = attempt.lane
+                self._tally.delivered(lane.name, lane.destination, now, since)
         elif outcome.kind == "deferred":
             attempt.outcome = "deferred"
             AttemptLog.of(log, attempt.identity).debug("deferred, the downstream settles it")
@@ -290,6 +301,7 @@ class AttemptRunner:
             attempt.outcome = "retry"
             if await self._settle(attempt, Failed(now, retry_at, error, outcome.status)):
                 self._retries.at(retry_at)
+                self._count(attempt, "retried")
 
     async def _end(
         self, attempt: Attempt, outcome: AttemptOutcome, error: str, status: int | None = None
@@ -298,10 +310,12 @@ class AttemptRunner:
         attempt.outcome = outcome
         now = self._clock.now()
         if not attempt.lane.durable:
-            await self._settle(attempt, Abandoned(now, error, status))
+            if await self._settle(attempt, Abandoned(now, error, status)):
+                self._count(attempt, "exhausted")
             return
         exhausted = await self._exhaust(attempt, now, error, status)
         if exhausted:
+            self._count(attempt, "exhausted")
             # The error may quote the downstream's answer, which may quote its user: the
             # history keeps it (sealed); the log names the outcome and the status.
             AttemptLog.of(log, attempt.identity).warning("exhausted (%s, %s)", outcome, status)

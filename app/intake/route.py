@@ -56,6 +56,7 @@ from app.metrics import IntakeMeters, Metrics
 from app.privacy.subjects import subjects_of
 from app.store import NewUpdate
 from app.store.storage import failure_level
+from app.store.types import DEFAULT_DESTINATION
 from app.store.validate import MAX_BIGINT
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ class Intake:
         self._decoy = b"\0" * 32
         metrics = metrics or Metrics.of(settings)
         self._meters = {bot.name: metrics.intake(bot.name) for bot in settings.bots}
+        self._tally = metrics.tally
         self._unknown: IntakeMeters = metrics.intake(UNKNOWN_BOT)
         self._refused = metrics.request_refused
         self._limit = settings.max_body_bytes
@@ -255,6 +257,8 @@ class Intake:
             return "unavailable", self._not_recorded(row, error)
         finally:
             meters.commit_wait.observe(time.perf_counter() - arrived)
+        if new:
+            self._tally.received(bot, _destinations(row), row.received_at)
         if log.isEnabledFor(logging.DEBUG):
             state = "recorded" if new else "a duplicate, already recorded"
             log.debug("%s:%d: %s (%s)", bot, row.update_id, state, update_type)
@@ -354,3 +358,9 @@ router = APIRouter()
 )
 async def receive_update(bot: str, request: Request) -> Response:
     return _ByIntake(request.app.state.intake, bot)
+
+
+def _destinations(row: NewUpdate) -> list[str]:
+    """Where a recorded update goes: `default` when its row holds a delivery, and the others."""
+    elsewhere = [route.destination for route in row.elsewhere]
+    return [DEFAULT_DESTINATION, *elsewhere] if row.to_default else elsewhere

@@ -30,6 +30,7 @@ from app.store.keys.roles import Keys
 from app.store.lifecycle import Lifecycle
 from app.store.polling.roles import Polling
 from app.store.records.roles import Records
+from app.store.samples.roles import Samples
 from app.store.sessions.roles import Sessions
 from app.store.settles.roles import FencedSettles, Settles
 from app.store.views.roles import OperatorViews, Views
@@ -63,6 +64,7 @@ class OperatorStore(
     Sessions,
     Erasures,
     Keys,
+    Samples,
     Protocol,
 ):
     """Operator control (docs/contract.md section 9), part of the durable level from revision

@@ -44,6 +44,7 @@ from app.store.schema import (
     events_table_name,
     keys_table_name,
     make_metadata,
+    samples_table_name,
     sessions_table_name,
 )
 from app.store.sealing import Sealing
@@ -122,6 +123,8 @@ class SqlCore(Sealing, PlannerStatistics):
         self.deliveries_table: Table | None = tables.get(deliveries_table_name(table))
         self.delivery_attempts_table: Table | None = tables.get(delivery_attempts_table_name(table))
         self.destinations_table: Table | None = tables.get(destinations_table_name(table))
+        # Revision 0011's (None below it): the console's minute samples (decision 8).
+        self.samples_table: Table | None = tables.get(samples_table_name(table))
 
     def _history(self) -> History | None:
         if self.attempts_table is None or not self.keeps_history:

@@ -1,9 +1,11 @@
 """What crosses the store boundary for operators: attempt history, bot controls, the filters
 of search and bulk actions, their pages and outcomes, operational events, the audit log
-(revision 0004 on), and erasure jobs (0009). All frozen dataclasses; times in epoch ms."""
+(revision 0004 on), erasure jobs (0009) and the console's minute samples (0011). All frozen
+dataclasses; times in epoch ms."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -167,6 +169,31 @@ class ActivitySlot:
     start: int
     received: int
     delivered: int
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteCounts:
+    """What one process counted for a bot's destination in one minute (epoch ms of its start,
+    UTC), by the names of `schema_beside.SAMPLE_COUNTS`; a name left out counts 0."""
+
+    bot: str
+    destination: str
+    minute: int
+    counts: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One minute of a bot's destination as the samples hold it: every count of
+    `SAMPLE_COUNTS`, and the backlog and its oldest update's age (ms) when the minute was
+    sampled (None otherwise)."""
+
+    bot: str
+    destination: str
+    minute: int
+    counts: Mapping[str, int]
+    backlog: int | None
+    oldest_age_ms: int | None
 
 
 # The operational events (docs/contract.md section 9), as `operations_url` receives them.

@@ -121,13 +121,19 @@ from app.store.schema_beside import (
 from app.store.schema_beside import (
     updates_of as updates_of,
 )
+from app.store.schema_samples import (
+    add_sample_table as add_sample_table,
+)
+from app.store.schema_samples import (
+    samples_table_name as samples_table_name,
+)
 from app.store.types import STATES
 
 DEFAULT_TABLE = "telegram_updates"
 Revision = Literal[
-    "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"
+    "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011"
 ]  # fmt: skip
-HEAD: Revision = "0010"
+HEAD: Revision = "0011"
 # What each revision adds, in order: `revision_of` reads a live schema by it (the columns of
 # the updates table, the tables beside it by their suffix, and their columns).
 ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
@@ -140,12 +146,14 @@ ADDED_COLUMNS: dict[Revision, tuple[str, ...]] = {
     "0008": (),
     "0009": ("subjects", "erased_at"),
     "0010": (),
+    "0011": (),
 }
 ADDED_TABLES: dict[Revision, tuple[str, ...]] = {
     "0004": ("_attempts", "_bots", "_audit", "_events"),
     "0005": ("_audit_bots", "_sessions"),
     "0009": ("_erasures", "_keys"),
     "0010": ("_deliveries", "_delivery_attempts", "_destinations"),
+    "0011": ("_samples",),
 }
 ADDED_COLUMNS_BESIDE: dict[Revision, dict[str, tuple[str, ...]]] = {
     "0008": {"_events": ("trace_context",)},
@@ -271,6 +279,8 @@ def make_metadata(table: str = DEFAULT_TABLE, revision: Revision = HEAD) -> Meta
         add_privacy_tables(metadata, table)
     if revision >= "0010":
         add_destination_tables(metadata, table)
+    if revision >= "0011":
+        add_sample_table(metadata, table)
     return metadata
 
 

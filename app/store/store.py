@@ -33,6 +33,7 @@ from app.store.keys.methods import KeyMethods
 from app.store.polling.methods import PollingMethods
 from app.store.records.methods import RecordMethods
 from app.store.revision import read_capability, read_revision
+from app.store.samples.methods import SampleMethods
 from app.store.schema import DEFAULT_TABLE
 from app.store.sessions.methods import SessionMethods
 from app.store.settles.methods import SettleMethods
@@ -55,6 +56,7 @@ class SqlUpdateStore(
     SessionMethods,
     ErasureMethods,
     KeyMethods,
+    SampleMethods,
 ):
     """A durable store on SQLite or PostgreSQL; `capability` follows the live schema. Each
     family's methods stand on `SqlCore` alone: none calls another family's."""

@@ -726,3 +726,45 @@ class RetentionIgnoresItsTime(SqlUpdateStore):
 CONTROLS[RetentionIgnoresItsTime] = (
     "retention erases delivered bodies and keeps every row and open exhaustion"
 )
+
+
+# -- the console's minute samples (revision 0011) ----------------------------------------------
+
+
+class SamplesOverwrite(SqlUpdateStore):
+    """Samples that keep the last process's counts of a minute rather than their sum."""
+
+    async def add_samples(self, counts: Sequence[Any]) -> None:
+        from app.store.samples import statements as samples
+        from app.store.schema_samples import SAMPLE_COUNTS
+
+        def overwrite(table: Table, upsert: Any, rows: Any) -> Any:
+            insert = upsert(table)
+            return insert.values(list(rows)).on_conflict_do_update(
+                index_elements=[table.c.bot, table.c.destination, table.c.minute],
+                set_={name: insert.excluded[name] for name in SAMPLE_COUNTS},
+            )
+
+        with mock.patch.object(samples, "add", overwrite):
+            await super().add_samples(counts)
+
+
+CONTROLS[SamplesOverwrite] = "samples of one minute add up, whoever counted them"
+
+
+class BacklogSampledByEveryone(SqlUpdateStore):
+    """Every process samples every minute's backlog: the marker's conflict is ignored."""
+
+    async def sample_backlog(self, minute: int, *, now: int) -> bool:
+        from app.store.samples import statements as samples
+
+        take = samples.take_minute
+
+        def always(table: Table, upsert: Any, taken: int) -> Any:
+            return take(table, upsert, taken + 60_000 * (now % 1_000 + 1))
+
+        with mock.patch.object(samples, "take_minute", always):
+            return await super().sample_backlog(minute, now=now)
+
+
+CONTROLS[BacklogSampledByEveryone] = "one process samples each minute's backlog"

@@ -157,7 +157,7 @@ def _owns_function_exists(url: str) -> bool:
         return bool(connection.scalar(text(query), {"name": owns_function_name(TABLE)}))
 
 
-@pytest.mark.parametrize("revision", ["0001", "0002", "0003", "0009", "0010"])
+@pytest.mark.parametrize("revision", ["0001", "0002", "0003", "0009", "0010", "0011"])
 def test_upgrade_matches_the_metadata_of_its_revision(storage: Storage, revision: str) -> None:
     _assert_schema_is(storage, storage.url(revision), revision)
 
@@ -579,7 +579,7 @@ def test_0010_keeps_every_row_and_lease_and_takes_unrouted_rows(storage: Storage
             early.execute(text(f"SELECT count(*) FROM {TABLE}"))
             early.commit()  # its schema read, its transaction ended: the upgrade may lock
 
-            upgrade(url)
+            upgrade(url, "0010")
 
             with early.begin():
                 names, values = ", ".join(unrouted), ", ".join(f":{n}" for n in unrouted)
@@ -638,3 +638,22 @@ def test_the_five_argument_owns_asks_the_destinations_own_row(postgres_storage: 
     assert not asks("bot-a", "payments", 5, 2, "c-held")  # another claim
     assert not asks("bot-a", "analytics", 5, 2, "c-pay")  # another destination
     assert not asks("bot-a", "payments", 6, 2, "c-pay")  # its lease has lapsed
+
+
+# Revision 0011 (docs/design.md decision 8): the console's minute samples beside the rows.
+
+
+def test_0011_adds_the_samples_and_keeps_every_row(storage: Storage) -> None:
+    url = storage.url("0010")
+    _insert(url, [row | {"queue_rule": QUEUE_RULE} for row in ROWS])
+    before = _every_column(url)
+    upgrade(url, "0011")
+    assert _every_column(url) == before
+    _assert_schema_is(storage, url, "0011")
+    sample = {"bot": "bot-a", "destination": "default", "minute": 1_796_000_000_000}
+    _add(url, f"{TABLE}_samples", sample | {"received": 3})
+    with pytest.raises(IntegrityError):  # one row per bot, destination and minute
+        _add(url, f"{TABLE}_samples", sample)
+    downgrade(url, "0010")
+    _assert_schema_is(storage, url, "0010")
+    assert _every_column(url) == before

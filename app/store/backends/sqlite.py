@@ -344,8 +344,8 @@ class SqliteBackend(Backend):
         """Rewrite the file's header (its user_version, unchanged, which nothing reads): a page
         the WAL must take."""
 
-        def work(transaction: Transaction) -> None:
+        def rewrite_header(transaction: Transaction) -> None:
             [row] = transaction.execute(text("PRAGMA user_version"))
             transaction.execute(text(f"PRAGMA user_version = {int(row[0])}"))
 
-        await self._write_whole(work)
+        await self._write_whole(rewrite_header)

@@ -22,6 +22,7 @@ from app.store.conformance import (  # noqa: F401 (each family's rules register 
     exhaustions,
     polling,
     records,
+    samples,
     settles,
 )
 from app.store.conformance._core import _LEVELS, _REGISTERED, BOT, MAX, OTHER_BOT, Rule, _Findings
@@ -37,7 +38,8 @@ MakeStore = Callable[[], Awaitable[UpdateStore]]
 # `control` (operator control, the durable level from revision 0004) and `events` (its
 # operational events: the durable rules need a store opened with events=True) and `polling`
 # (the long poller's lease and its offset) and `access` (who may see what, revision 0005:
-# the audit log within some bots, the console's sessions). They
+# the audit log within some bots, the console's sessions) and `samples` (the console's minute
+# samples, revision 0011). They
 # run level by level, each level's families in the order imported above.
 _RULES = sorted(
     ((name, level, rule) for rule, (name, level) in _REGISTERED.items()),
