@@ -26,7 +26,8 @@ SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|LISTEN|NOT
                  r"PRAGMA|GRANT|COMMENT|WITH|SET|LOCK|TRUNCATE|ANALYZE|VACUUM)\b")  # fmt: skip
 # Every place that formats SQL text, and why what it interpolates cannot be input.
 REVIEWED = {
-    ("app/store/backends/sqlite_engine.py", "set_up"): "a constant (the busy timeout)",
+    ("app/store/backends/sqlite_engine.py", "set_up"): "a constant (the busy timeout), and a "
+    "page count computed from the volume's free space, an int",
     ("app/store/backends/sqlite_engine.py", "_on_begin"): "a begin mode checked against two "
     "literals first",
     ("alembic/versions/0002_claim_fence.py", "upgrade"): "the table name, which "

@@ -85,10 +85,12 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 
 
 class Filler:
-    """A file that takes every byte left on a volume, until `free`d."""
+    """A file that takes every byte left on a volume, until `free`d. Made empty at once: on a
+    volume already full, a new file could not be made at all."""
 
     def __init__(self, volume: Path) -> None:
         self._path = volume / "filler"
+        self._path.touch()
 
     def fill(self) -> None:
         chunk = b"\0" * 65536
@@ -308,6 +310,7 @@ async def test_sqlite_on_a_full_volume_of_4_mib_recovers_by_itself(
     and truncated, or it would take the room back and never reach its own checkpoint."""
     downstream.answer = first_refused_then_taken
     with tmpfs(tmp_path / "volume", "4m") as volume:
+        filler = Filler(volume)
         url = f"sqlite+aiosqlite:///{volume / 'intake.db'}"
         await asyncio.to_thread(upgrade, url)
         port = free_port()
@@ -316,7 +319,6 @@ async def test_sqlite_on_a_full_volume_of_4_mib_recovers_by_itself(
             await eventually(
                 lambda: run.answers(f"http://127.0.0.1:{port}/healthz"), within=STARTUP
             )
-            filler = Filler(volume)
 
             async def free() -> None:
                 filler.free()
@@ -404,13 +406,18 @@ async def test_postgresql_with_its_wal_volume_full_stops_and_is_started_again(
 
         def fill() -> None:
             with psycopg.connect(cluster.url(), autocommit=True) as other:
-                # Use up the segments a checkpoint left for reuse, as a busy server does,
-                # then fill the volume and end the segment in use: the service's next commit
-                # needs a new one.
+                # The WAL writer wakes rarely: the service's own commits write the WAL, and
+                # the one that needs the next segment meets the full volume.
+                other.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+                other.execute("SELECT pg_reload_conf()")
+                # Use up the segments a checkpoint left for reuse, as a busy server does, and
+                # the segment in use to its last 64 kB: a few of the service's commits more
+                # need a new one.
                 other.execute("CREATE TABLE ballast (n bigint)")
                 other.execute("INSERT INTO ballast SELECT n FROM generate_series(1, 300000) n")
-                filler.fill()
-                other.execute("SELECT pg_switch_wal()")
+                while _left_in_segment(other) > 64 * 1024:
+                    other.execute("INSERT INTO ballast SELECT n FROM generate_series(1, 500) n")
+            filler.fill()
 
         async def free() -> None:
             await eventually(lambda: not cluster.running, within=30)
@@ -418,3 +425,14 @@ async def test_postgresql_with_its_wal_volume_full_stops_and_is_started_again(
             await asyncio.to_thread(cluster.start)
 
         await _postgres_case(downstream, tmp_path, cluster, fill, free, split=False)
+
+
+def _left_in_segment(connection: psycopg.Connection[tuple[object, ...]]) -> int:
+    """Bytes of WAL left before the segment in use ends."""
+    [(size,)] = connection.execute(
+        "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size'"
+    ).fetchall()
+    [(position,)] = connection.execute(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"
+    ).fetchall()
+    return int(str(size)) - int(str(position)) % int(str(size))

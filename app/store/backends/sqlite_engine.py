@@ -3,6 +3,7 @@ that begin as the store asks (IMMEDIATE for a write)."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -17,6 +18,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.errors import BUSY_TIMEOUT_MS
+
+DEFAULT_WAL_PAGES = 1_000  # SQLite's own wal_autocheckpoint
+MIN_WAL_PAGES = 16
 
 # Execution option read by the `begin` hook: reads need no write lock.
 SQLITE_BEGIN = "intake_sqlite_begin"
@@ -50,6 +54,13 @@ def set_up(dbapi_connection: Any) -> None:
     cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     _use_wal(cursor)
     cursor.execute("PRAGMA synchronous = FULL")
+    # SQLite checkpoints its WAL once it holds 1,000 pages (4 MiB): on a volume with less room
+    # than four times that, the WAL would fill the volume before its first checkpoint. Keep it
+    # to a quarter of the room there is (`sqlite_writer` lowers it again if a write ever finds
+    # the disk full).
+    room = _room_in_pages(cursor)
+    if room is not None and room // 4 < DEFAULT_WAL_PAGES:
+        cursor.execute(f"PRAGMA wal_autocheckpoint = {max(MIN_WAL_PAGES, room // 4)}")
     # A page cache of 64 MiB (SQLite's default is 2 MiB): the table's eight indexes take
     # their deletes and updates at scattered places (a prune in time order touches every
     # chat's range of ix_chat), and a cache smaller than their working set rereads pages
@@ -93,6 +104,21 @@ def connector(engine: AsyncEngine) -> Callable[[], sqlite3.Connection]:
         return connection
 
     return connect
+
+
+def _room_in_pages(cursor: Any) -> int | None:
+    """The pages the database's volume has room for now; None for a database with no file."""
+    cursor.execute("PRAGMA database_list")
+    paths = [row[2] for row in cursor.fetchall() if row[1] == "main"]
+    if not paths or not paths[0]:
+        return None
+    cursor.execute("PRAGMA page_size")
+    [(page_size,)] = cursor.fetchall()
+    try:
+        volume = os.statvfs(os.path.dirname(paths[0]) or ".")
+    except OSError:
+        return None
+    return int(volume.f_bavail * volume.f_frsize // int(page_size))
 
 
 def _use_wal(cursor: Any) -> None:

@@ -44,6 +44,8 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement
 
+from app.store.backends.sqlite_engine import MIN_WAL_PAGES
+
 Result = TypeVar("Result")
 DIALECT = sqlite_dialect.dialect(paramstyle="qmark")
 # How long the event loop's thread may keep the GIL while the writer waits for it (CPython's
@@ -185,7 +187,7 @@ class Writer:
         volume had for it), and give back what it can now."""
         with contextlib.suppress(sqlite3.Error, exc.DBAPIError, OSError):
             if self._wal_limit is None:
-                self._wal_limit = max(16, _wal_pages(connection) // 4)
+                self._wal_limit = max(MIN_WAL_PAGES, _wal_pages(connection) // 4)
                 connection.execute(f"PRAGMA wal_autocheckpoint = {self._wal_limit}")
             self._checkpoint(connection)
 
