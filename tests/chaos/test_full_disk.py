@@ -51,8 +51,7 @@ from tests.downstream import (
 from tests.postgres_server import Cluster, required_binaries, running_cluster
 from tests.processes import SECRET, STARTUP, Process, environment, free_port, unavailable
 
-# Real processes that measure no time: a chain of their own, beside the serial one.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("full-disk")]
+pytestmark = pytest.mark.slow  # real processes
 
 KEY = "full-disk-key-0123456789"
 LEASE = 2.0  # seconds: a fault of FAULT seconds outlasts every lease taken before it
